@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine (see README.md): `make demo` and `make test`.
+# Needs Python 3.11+, Java 17+ and Maven; everything else is installed into .venv from pyproject.toml.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: install demo test lint format unit integration clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/postbox dev demo
+
+lint: install
+	$(BIN)/ruff check relay inbox tests
+	$(BIN)/ruff format --check relay inbox tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+format: install
+	$(BIN)/ruff format relay inbox tests
+	$(BIN)/ruff check --fix relay inbox tests
+
+unit: install
+	$(BIN)/pytest tests/unit
+
+integration: install
+	$(BIN)/pytest tests/integration
+
+# Quality gates first, then every test (unit, then integration against real servers the fixtures start).
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""postbox inbox: effectively-once consumption of Kafka topics and provider webhooks into PostgreSQL."""

@@ -1,0 +1,53 @@
+"""Flags that can also be set by environment variables (the flag wins), for every postbox command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def env_flag(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kwargs: Any) -> None:
+    """Add `flag`, defaulting to $env; the help text names the variable so users can find it."""
+    default = kwargs.pop("default", None)
+    kind = kwargs.get("type")
+    if env in os.environ:
+        raw = os.environ[env]
+        if kwargs.get("action") == "store_true":
+            default = _parse_bool(env, raw)
+        elif kind is not None:
+            try:
+                default = kind(raw)
+            except (TypeError, ValueError) as exc:
+                parser.error(f"{env}={raw!r} is not valid: {exc}")
+        else:
+            default = raw
+    shown = f" (env {env}" + (f", default {default!r})" if default not in (None, False) else ")")
+    parser.add_argument(flag, default=default, help=help + shown, **kwargs)
+
+
+def _parse_bool(env: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise SystemExit(f"postbox: {env}={raw!r} is not a boolean (use true or false)")
+
+
+def add_database_options(parser: argparse.ArgumentParser) -> None:
+    env_flag(
+        parser,
+        "--database-url",
+        "POSTBOX_DATABASE_URL",
+        "PostgreSQL connection URL (libpq syntax, so TLS options such as sslmode go here)",
+    )
+    env_flag(parser, "--schema", "POSTBOX_SCHEMA", "schema holding the postbox tables", default="postbox")
+
+
+def require(args: argparse.Namespace, parser: argparse.ArgumentParser, *names: str) -> None:
+    """Stop with a message naming the setting (flag and variable) when a required one is missing."""
+    for name in names:
+        if not getattr(args, name, None):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} (or POSTBOX_{name.upper()}) is required")

@@ -1,0 +1,11 @@
+"""The outbox side: application code enqueues events in its own transaction; the relay daemon publishes them.
+
+from relay.outbox import enqueue
+with conn.transaction():
+    conn.execute("INSERT INTO orders ...")
+    event_id = enqueue(conn, "order", order_id, "OrderCreated", {"id": order_id, "total": "9.99"})
+"""
+
+from relay.outbox.enqueue import OutboxEvent, PayloadError, enqueue, enqueue_many
+
+__all__ = ["OutboxEvent", "PayloadError", "enqueue", "enqueue_many"]

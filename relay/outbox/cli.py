@@ -1,0 +1,250 @@
+"""`postbox relay ...`: run the daemon and operate the outbox."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+from typing import Any
+
+from relay.core.cli_options import add_database_options, env_flag, require
+
+
+def _duration(text: str) -> timedelta:
+    """'90s', '15m', '36h', '7d' or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return timedelta(seconds=float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 36h or 7d") from None
+
+
+def add_relay_commands(commands: Any) -> None:
+    relay = commands.add_parser("relay", help="publish outbox rows to Kafka, and operate the outbox")
+    sub = relay.add_subparsers(dest="relay_command", metavar="RELAY_COMMAND", required=True)
+
+    run = sub.add_parser("run", help="run the relay daemon (until SIGTERM)")
+    add_database_options(run)
+    env_flag(run, "--kafka-bootstrap", "POSTBOX_KAFKA_BOOTSTRAP", "Kafka bootstrap servers (host:port,...)")
+    run.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka property, repeatable (SASL, TLS...); also settable as "
+        "POSTBOX_RDKAFKA_<NAME> with dots written as underscores",
+    )
+    env_flag(run, "--relay-id", "POSTBOX_RELAY_ID", "this replica's id (default: hostname-pid)")
+    env_flag(run, "--batch-size", "POSTBOX_BATCH_SIZE", "rows claimed per batch", type=int, default=500)
+    env_flag(
+        run,
+        "--poll-interval",
+        "POSTBOX_POLL_INTERVAL",
+        "seconds between polls when idle",
+        type=float,
+        default=1.0,
+    )
+    env_flag(
+        run,
+        "--no-listen",
+        "POSTBOX_NO_LISTEN",
+        "do not LISTEN for NOTIFY wake-ups (poll only)",
+        action="store_true",
+    )
+    env_flag(
+        run,
+        "--lease-ttl",
+        "POSTBOX_LEASE_TTL",
+        "seconds a shard lease lasts without renewal",
+        type=float,
+        default=15.0,
+    )
+    env_flag(
+        run,
+        "--delivery-timeout",
+        "POSTBOX_DELIVERY_TIMEOUT",
+        "seconds Kafka may take to acknowledge (message.timeout.ms)",
+        type=float,
+        default=20.0,
+    )
+    env_flag(
+        run,
+        "--topic-template",
+        "POSTBOX_TOPIC_TEMPLATE",
+        "topic for rows without an explicit topic",
+        default="outbox.event.{aggregate_type}",
+    )
+    env_flag(
+        run,
+        "--prune-retention",
+        "POSTBOX_PRUNE_RETENTION",
+        "delete published rows older than this (e.g. 7d) while running; off when unset",
+        type=_duration,
+    )
+    env_flag(
+        run,
+        "--metrics-address",
+        "POSTBOX_METRICS_ADDRESS",
+        "host:port for /metrics, /healthz, /readyz",
+        default="0.0.0.0:9400",
+    )
+    run.set_defaults(handler=_cmd_run)
+
+    status = sub.add_parser("status", help="backlog, oldest unpublished age, parked rows, shard owners")
+    add_database_options(status)
+    env_flag(
+        status,
+        "--show-parked",
+        "POSTBOX_SHOW_PARKED",
+        "list up to this many parked rows",
+        type=int,
+        default=10,
+    )
+    status.set_defaults(handler=_cmd_status)
+
+    requeue = sub.add_parser("requeue", help="put parked (failed) rows back to pending")
+    add_database_options(requeue)
+    requeue.add_argument("--id", type=int, action="append", dest="ids", help="row id (repeatable)")
+    requeue.add_argument("--aggregate-type")
+    requeue.add_argument("--event-type")
+    requeue.add_argument("--error-like", help="SQL LIKE pattern on the recorded error")
+    requeue.add_argument("--all", action="store_true", help="requeue every parked row")
+    requeue.set_defaults(handler=_cmd_requeue)
+
+    prune = sub.add_parser("prune", help="delete published rows older than a retention, in small batches")
+    add_database_options(prune)
+    env_flag(
+        prune,
+        "--older-than",
+        "POSTBOX_PRUNE_RETENTION",
+        "retention, e.g. 7d",
+        type=_duration,
+        default=timedelta(days=7),
+    )
+    env_flag(prune, "--batch-size", "POSTBOX_PRUNE_BATCH_SIZE", "rows per delete", type=int, default=1000)
+    prune.set_defaults(handler=_cmd_prune)
+
+
+def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    from relay.outbox.settings import RelaySettings, SettingsError, parse_kafka_config, rdkafka_from_env  # noqa: PLC0415
+
+    try:
+        kafka_config = {**rdkafka_from_env(), **parse_kafka_config(args.kafka_config)}
+        extra = {"relay_id": args.relay_id} if args.relay_id else {}
+        return RelaySettings(
+            database_url=args.database_url or "",
+            kafka_bootstrap=args.kafka_bootstrap or "",
+            schema=args.schema,
+            batch_size=args.batch_size,
+            poll_interval=args.poll_interval,
+            listen=not args.no_listen,
+            lease_ttl=args.lease_ttl,
+            delivery_timeout=args.delivery_timeout,
+            topic_template=args.topic_template,
+            prune_retention=args.prune_retention,
+            kafka_config=kafka_config,
+            **extra,
+        )
+    except SettingsError as exc:
+        parser.error(str(exc))
+
+
+def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    settings = _settings(args, parser)
+    host, _, port = args.metrics_address.rpartition(":")
+    if not port.isdigit():
+        parser.error(f"--metrics-address {args.metrics_address!r} is not host:port")
+    import structlog  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.core.ops_http import OpsServer  # noqa: PLC0415
+    from relay.outbox.daemon import FatalRelayError, Relay  # noqa: PLC0415
+    from relay.outbox.metrics import RelayMetrics  # noqa: PLC0415
+    from relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
+
+    log = structlog.get_logger("postbox.relay")
+    # A relay paused (or cut off) mid-batch must not hold its row and shard locks forever: the server ends
+    # such a session once it sits idle in a transaction longer than any batch legitimately can.
+    idle_ms = str(int((settings.delivery_timeout + 30) * 1000))
+
+    def connect_db(autocommit: bool) -> Any:
+        return connect(
+            settings.database_url,
+            settings.schema,
+            autocommit=autocommit,
+            application_name=f"postbox-relay {settings.relay_id}",
+            idle_in_transaction_session_timeout=idle_ms,
+        )
+
+    registry = CollectorRegistry()
+    try:
+        publisher = KafkaPublisher(settings.producer_config())
+    except Exception as exc:  # noqa: BLE001  (librdkafka rejects bad properties here; name them)
+        parser.error(f"kafka-config: {exc}")
+    relay = Relay(settings, publisher, RelayMetrics(registry), connect_db)
+    relay.install_signal_handlers()
+    ops = OpsServer(host or "0.0.0.0", int(port), registry, relay.healthy, relay.ready).start()  # noqa: S104
+    log.info("relay_ops_listening", address=f"{host}:{ops.port}")
+    try:
+        return relay.run()
+    except FatalRelayError as exc:
+        log.error("relay_fatal", error=str(exc))
+        return 3
+    finally:
+        ops.stop()
+
+
+def _cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.core.sql import query  # noqa: PLC0415
+    from relay.outbox.admin import QUERIES, status  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema, autocommit=True) as conn:
+        st = status(conn)
+        parked = conn.execute(query(QUERIES, "parked_rows"), {"limit": args.show_parked}).fetchall()
+    print(f"backlog            {st.backlog} rows")
+    print(f"oldest unpublished {st.oldest_pending_seconds:.1f} s")
+    print(f"parked (failed)    {st.parked} rows")
+    print(f"unowned shards     {st.unowned_shards} of 64")
+    for owner, count, expires in st.owners:
+        print(f"  {owner:40} {count:3} shards, lease ends in {expires:.1f} s")
+    for row in parked:
+        print(
+            f"  parked id={row[0]} event_id={row[1]} {row[2]}/{row[3]} {row[4]} attempts={row[5]}: {row[6]}"
+        )
+    return 0
+
+
+def _cmd_requeue(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    if not (args.ids or args.aggregate_type or args.event_type or args.error_like or args.all):
+        parser.error("say which parked rows: --id, --aggregate-type, --event-type, --error-like, or --all")
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.outbox.admin import requeue  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema) as conn:
+        ids = requeue(
+            conn,
+            ids=args.ids,
+            aggregate_type=args.aggregate_type,
+            event_type=args.event_type,
+            error_like=args.error_like,
+        )
+    print(f"requeued {len(ids)} rows" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
+    return 0
+
+
+def _cmd_prune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.outbox.admin import prune  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema) as conn:
+        deleted = prune(conn, args.older_than, batch_size=args.batch_size)
+    print(f"pruned {deleted} published rows older than {args.older_than}", file=sys.stdout)
+    return 0

@@ -1,0 +1,103 @@
+"""Write outbox rows inside the caller's transaction (psycopg 3 connection or cursor)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+JsonValue = Any  # anything json.dumps accepts
+
+
+class PayloadError(ValueError):
+    """The event cannot be stored as given (not JSON-serialisable, bad headers); nothing was written."""
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: JsonValue | bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    topic: str | None = None
+    event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+def _row(event: OutboxEvent) -> tuple[object, ...]:
+    for name in ("aggregate_type", "aggregate_id", "event_type"):
+        value = getattr(event, name)
+        if not isinstance(value, str) or not value:
+            raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in event.headers.items()):
+        raise PayloadError("headers must map str to str")
+    if isinstance(event.payload, bytes | bytearray | memoryview):
+        payload_json, payload_bytes = None, bytes(event.payload)
+    else:
+        try:
+            # allow_nan=False: NaN/Infinity are not JSON and PostgreSQL's jsonb would refuse them later.
+            payload_json, payload_bytes = json.dumps(event.payload, allow_nan=False), None
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"payload of {event.event_type} is not JSON-serialisable: {exc}") from exc
+    return (
+        event.event_id,
+        event.aggregate_type,
+        event.aggregate_id,
+        event.event_type,
+        payload_json,
+        payload_bytes,
+        json.dumps(dict(event.headers)),
+        event.topic,
+    )
+
+
+_COLUMNS = "(event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic)"
+
+
+def enqueue_many(
+    conn_or_cursor: psycopg.Connection[Any] | psycopg.Cursor[Any],
+    events: Iterable[OutboxEvent],
+    *,
+    schema: str = "postbox",
+) -> list[uuid.UUID]:
+    """Insert several events with one statement, in the given order; returns their event ids."""
+    rows = [_row(e) for e in events]  # validate everything before writing anything
+    if not rows:
+        return []
+    columns = list(zip(*rows, strict=True))
+    # WITH ORDINALITY keeps the caller's order, so ids (publish order) follow the list.
+    statement = sql.SQL(
+        "INSERT INTO {} " + _COLUMNS + " SELECT a, b, c, d, e, f, g, h FROM unnest("
+        "%s::uuid[], %s::text[], %s::text[], %s::text[], %s::jsonb[], %s::bytea[], %s::jsonb[], %s::text[])"
+        " WITH ORDINALITY AS u(a, b, c, d, e, f, g, h, n) ORDER BY n"
+    ).format(sql.Identifier(schema, "outbox"))
+    conn_or_cursor.execute(statement, [list(c) for c in columns])
+    return [row[0] for row in rows]  # type: ignore[misc]
+
+
+def enqueue(
+    conn_or_cursor: psycopg.Connection[Any] | psycopg.Cursor[Any],
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: JsonValue | bytes,
+    headers: Mapping[str, str] | None = None,
+    topic: str | None = None,
+    *,
+    event_id: uuid.UUID | None = None,
+    schema: str = "postbox",
+) -> uuid.UUID:
+    """Insert one event in the caller's open transaction; returns its event id (the Kafka `id` header)."""
+    event = OutboxEvent(
+        aggregate_type, aggregate_id, event_type, payload, headers or {}, topic, event_id or uuid.uuid4()
+    )
+    statement = sql.SQL("INSERT INTO {} " + _COLUMNS + " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
+        sql.Identifier(schema, "outbox")
+    )
+    conn_or_cursor.execute(statement, _row(event))
+    return event.event_id

@@ -1,0 +1,75 @@
+"""Shard leases: which replica drains which shard, renewed on the database clock, rebalanced as replicas
+come and go. Runs on its own autocommit connection so it can renew while a batch waits for Kafka."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import structlog
+
+from relay.core.sql import query
+from relay.outbox.shares import fair_share
+
+QUERIES = Path(__file__).with_name("queries.sql")
+log = structlog.get_logger("postbox.relay.leases")
+
+
+class LeaseKeeper:
+    def __init__(self, conn: psycopg.Connection[tuple[object, ...]], relay_id: str, ttl: float) -> None:
+        assert conn.autocommit, "leases change on their own, outside any batch transaction"
+        self._conn = conn
+        self._relay_id = relay_id
+        self._ttl = timedelta(seconds=ttl)
+        self._renew_every = ttl / 3
+        self._next_tick = 0.0
+        self.owned: frozenset[int] = frozenset()
+        self.leases_lost = 0
+
+    def _params(self, **extra: object) -> dict[str, object]:
+        return {"relay_id": self._relay_id, "ttl": self._ttl, **extra}
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next_tick
+
+    def tick(self) -> frozenset[int]:
+        """Heartbeat, renew what we hold, then take or give shards toward our fair share."""
+        self._next_tick = time.monotonic() + self._renew_every
+        conn = self._conn
+        conn.execute(query(QUERIES, "heartbeat"), self._params())
+        renewed = {int(str(r[0])) for r in conn.execute(query(QUERIES, "renew_leases"), self._params())}
+        lost = self.owned - renewed
+        if lost:
+            self.leases_lost += len(lost)
+            log.warning("relay_leases_lost", shards=sorted(lost))
+        members = [str(r[0]) for r in conn.execute(query(QUERIES, "live_members"), self._params())]
+        target = fair_share(self._relay_id, members)
+        held = set(renewed)
+        if len(held) < target:
+            rows = conn.execute(query(QUERIES, "acquire_leases"), self._params(wanted=target - len(held)))
+            taken = {int(str(r[0])) for r in rows}
+            if taken:
+                log.info("relay_shards_acquired", count=len(taken), owned=len(held) + len(taken))
+            held |= taken
+        elif len(held) > target:
+            rows = conn.execute(query(QUERIES, "release_some_leases"), self._params(count=len(held) - target))
+            given = {int(str(r[0])) for r in rows}
+            log.info("relay_shards_released", count=len(given), owned=len(held) - len(given))
+            held -= given
+        self.owned = frozenset(held)
+        return self.owned
+
+    def renew_only(self) -> None:
+        """Keep the leases alive while a batch is in flight (no rebalancing mid-batch)."""
+        if not self.due():
+            return
+        self._next_tick = time.monotonic() + self._renew_every
+        self._conn.execute(query(QUERIES, "heartbeat"), self._params())
+        self._conn.execute(query(QUERIES, "renew_leases"), self._params())
+
+    def release_all(self) -> None:
+        self._conn.execute(query(QUERIES, "release_all_leases"), self._params())
+        self._conn.execute(query(QUERIES, "leave"), self._params())
+        self.owned = frozenset()

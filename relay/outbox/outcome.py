@@ -1,0 +1,69 @@
+"""Decide, per claimed row, what the mark statement writes. Pure.
+
+Only rows whose delivery report succeeded are marked published (a message that hit message.timeout.ms may
+have left a gap). Within one aggregate, once a row must be retried, the later rows of that aggregate are
+retried too even if they were delivered: marking them would let them overtake their predecessor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from relay.outbox.errors import Disposition
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The fate of one message: disposition None means delivered."""
+
+    disposition: Disposition | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowOutcome:
+    row_id: int
+    state: str  # 'published', 'failed' or 'pending'
+    error: str | None
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    rows: list[RowOutcome]
+    published: int
+    parked: int
+    retried: int
+    blocked_topics: set[str]
+    fatal: str | None
+
+
+def decide(
+    row_ids: Sequence[int], aggregates: Sequence[str], topics: Sequence[str], deliveries: Sequence[Delivery]
+) -> BatchOutcome:
+    """Rows are in id order; `deliveries[i]` is the fate of row i's message."""
+    outcomes: list[RowOutcome] = []
+    held_back: set[str] = set()
+    blocked: set[str] = set()
+    fatal: str | None = None
+    published = parked = retried = 0
+    for row_id, aggregate, topic, delivery in zip(row_ids, aggregates, topics, deliveries, strict=True):
+        disposition = delivery.disposition
+        if disposition is Disposition.FATAL:
+            fatal = fatal or delivery.reason
+        if disposition is Disposition.TOPIC_BLOCKED:
+            blocked.add(topic)
+        if disposition is Disposition.PARK:
+            outcomes.append(RowOutcome(row_id, "failed", delivery.reason))
+            parked += 1
+        elif disposition is None and aggregate not in held_back:
+            outcomes.append(RowOutcome(row_id, "published", None))
+            published += 1
+        else:
+            held_back.add(aggregate)
+            reason = (
+                delivery.reason if disposition is not None else "held back behind an earlier failed event"
+            )
+            outcomes.append(RowOutcome(row_id, "pending", reason))
+            retried += 1
+    return BatchOutcome(outcomes, published, parked, retried, blocked, fatal)

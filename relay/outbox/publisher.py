@@ -1,0 +1,136 @@
+"""The relay's only door to Kafka: produce a batch, wait for every delivery report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from relay.outbox.errors import Disposition, classify
+from relay.outbox.outcome import Delivery
+from relay.outbox.routing import Message
+
+
+class Publisher(Protocol):
+    def check_topic(self, topic: str) -> Delivery | None:
+        """None when the topic can take messages now, else why not."""
+        ...
+
+    def publish(self, messages: Sequence[Message], while_waiting: Callable[[], None]) -> list[Delivery]:
+        """One Delivery per message, in order. `while_waiting` is called regularly while reports are due."""
+        ...
+
+    @property
+    def fatal_error(self) -> str | None:
+        """Set once the producer hit a fatal error (it can publish nothing more)."""
+        ...
+
+    def close(self, timeout: float) -> None: ...
+
+
+class KafkaPublisher:
+    def __init__(self, config: dict[str, str | int | float | bool], topic_wait: float = 10.0) -> None:
+        self._fatal: str | None = None
+        self._topic_wait = topic_wait
+        self._delivery_timeout = float(config.get("message.timeout.ms", 300_000)) / 1000
+        self._producer = Producer({**config, "error_cb": self._on_error})
+
+    def _on_error(self, error: KafkaError) -> None:
+        # Transient broker errors arrive here too (librdkafka retries them itself); only fatal ones matter.
+        if error.fatal():
+            self._fatal = f"fatal producer error: {error.str()}"
+
+    @property
+    def fatal_error(self) -> str | None:
+        return self._fatal
+
+    def check_topic(self, topic: str) -> Delivery | None:
+        # An unknown topic shows up on produce only as a timeout, and producing into a topic that is still
+        # being auto-created fails some messages and not others. So ask the cluster first, and wait
+        # (bounded) until every partition has a leader. The first metadata answer for a topic that
+        # auto-creation is about to make is "unknown", the same as when auto-creation is off; only an
+        # answer still "unknown" after the wait means the topic is missing.
+        deadline = time.monotonic() + self._topic_wait
+        while True:
+            verdict, unknown = self._topic_verdict(topic)
+            if verdict is None or verdict.disposition is not Disposition.RETRY:
+                return verdict
+            if time.monotonic() >= deadline:
+                if unknown:
+                    return Delivery(
+                        Disposition.TOPIC_BLOCKED,
+                        f"{verdict.reason} after {self._topic_wait:.0f}s (is auto-creation off?)",
+                    )
+                return verdict
+            time.sleep(0.2)
+
+    def _topic_verdict(self, topic: str) -> tuple[Delivery | None, bool]:
+        """(verdict, whether the cluster says the topic does not exist)."""
+        try:
+            metadata = self._producer.list_topics(topic, timeout=5)
+        except KafkaException as exc:
+            error = exc.args[0]
+            return Delivery(
+                classify(error.code(), error.fatal()), f"metadata for {topic}: {error.str()}"
+            ), False
+        found = metadata.topics.get(topic)
+        if found is None:
+            return Delivery(Disposition.RETRY, f"topic {topic}: not in the cluster's metadata"), True
+        if found.error is not None:
+            code = found.error.code()
+            if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE):
+                unknown = code == KafkaError.UNKNOWN_TOPIC_OR_PART
+                return Delivery(Disposition.RETRY, f"topic {topic}: {found.error.str()}"), unknown
+            return Delivery(classify(code, found.error.fatal()), f"topic {topic}: {found.error.str()}"), False
+        if not found.partitions or any(p.leader < 0 for p in found.partitions.values()):
+            return Delivery(Disposition.RETRY, f"topic {topic}: a partition has no leader"), False
+        return None, False
+
+    def publish(self, messages: Sequence[Message], while_waiting: Callable[[], None]) -> list[Delivery]:
+        results: list[Delivery | None] = [None] * len(messages)
+        pending = 0
+
+        def report(index: int) -> Callable[[KafkaError | None, object], None]:
+            def on_delivery(error: KafkaError | None, _message: object) -> None:
+                nonlocal pending
+                pending -= 1
+                if error is None:
+                    results[index] = Delivery(None)
+                else:
+                    results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
+
+            return on_delivery
+
+        for index, message in enumerate(messages):
+            while True:
+                try:
+                    self._producer.produce(
+                        message.topic,
+                        message.value,
+                        message.key,
+                        headers=message.headers,
+                        on_delivery=report(index),
+                    )
+                    pending += 1
+                    break
+                except BufferError:
+                    self._producer.poll(0.05)  # local queue full: serve delivery reports, then try again
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
+                    break
+        # librdkafka reports every message within message.timeout.ms; the margin covers the last poll.
+        deadline = time.monotonic() + self._delivery_timeout + 10
+        next_tick = time.monotonic() + 1
+        while pending > 0 and time.monotonic() < deadline:
+            self._producer.poll(0.05)
+            if time.monotonic() >= next_tick:
+                while_waiting()
+                next_tick = time.monotonic() + 1
+        lost_report = Delivery(Disposition.RETRY, "no delivery report in time")
+        return [r or lost_report for r in results]
+
+    def close(self, timeout: float) -> None:
+        self._producer.flush(timeout)

@@ -1,0 +1,120 @@
+-- The relay's SQL, loaded by name (relay.core.sql). Unqualified names: search_path selects the schema.
+
+-- name: claim_batch
+-- Rows of the shards this replica owns, in id order. The advisory lock per shard (held to the end of the
+-- transaction) keeps a replica whose lease has just expired and the one taking over from draining the same
+-- shard at once: a shard whose lock is taken is left out of this batch entirely, so SKIP LOCKED can never
+-- skip an earlier row of an aggregate and publish a later one first.
+SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, payload_bytes, headers, topic, shard
+FROM outbox
+WHERE state = 'pending'
+  AND shard = ANY (ARRAY(
+        SELECT s FROM unnest(%(shards)s::integer[]) AS s
+        WHERE pg_try_advisory_xact_lock(%(lock_space)s, s)))
+  AND NOT (coalesce(topic, '') = ANY (%(blocked_topics)s::text[]))
+  AND NOT (topic IS NULL AND aggregate_type = ANY (%(blocked_types)s::text[]))
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: mark_batch
+-- One statement for the whole batch: published, parked (failed) and to-retry rows, each with its reason.
+-- The fence: only rows of shards whose lease this replica still holds (by the database clock) change.
+WITH outcome AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(errors)s::text[]) AS o(id, state, error)
+), held AS (
+    SELECT shard FROM outbox_shard_lease
+    WHERE owner = %(relay_id)s AND expires_at > clock_timestamp()
+)
+UPDATE outbox AS t
+SET state        = o.state,
+    published_at = CASE WHEN o.state = 'published' THEN clock_timestamp() END,
+    attempts     = t.attempts + 1,
+    last_error   = o.error
+FROM outcome AS o
+WHERE t.id = o.id AND t.shard IN (SELECT shard FROM held)
+RETURNING t.id
+
+-- name: heartbeat
+INSERT INTO outbox_relay_member (relay_id, last_seen, backend_pid)
+VALUES (%(relay_id)s, clock_timestamp(), pg_backend_pid())
+ON CONFLICT (relay_id) DO UPDATE SET last_seen = clock_timestamp(), backend_pid = pg_backend_pid()
+
+-- name: live_members
+-- Members seen within the lease time; the long-gone are forgotten on the way.
+WITH gone AS (
+    DELETE FROM outbox_relay_member
+    WHERE last_seen < clock_timestamp() - 10 * %(ttl)s::interval
+)
+SELECT relay_id FROM outbox_relay_member WHERE last_seen >= clock_timestamp() - %(ttl)s::interval
+
+-- name: renew_leases
+UPDATE outbox_shard_lease
+SET expires_at = clock_timestamp() + %(ttl)s::interval
+WHERE owner = %(relay_id)s AND expires_at > clock_timestamp()
+RETURNING shard
+
+-- name: acquire_leases
+UPDATE outbox_shard_lease AS l
+SET owner = %(relay_id)s, expires_at = clock_timestamp() + %(ttl)s::interval, acquired_at = clock_timestamp()
+WHERE l.shard IN (
+    SELECT shard FROM outbox_shard_lease
+    WHERE owner IS NULL OR expires_at <= clock_timestamp()
+    ORDER BY shard
+    LIMIT %(wanted)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING l.shard
+
+-- name: release_some_leases
+UPDATE outbox_shard_lease
+SET owner = NULL, expires_at = NULL
+WHERE shard IN (
+    SELECT shard FROM outbox_shard_lease WHERE owner = %(relay_id)s ORDER BY shard DESC LIMIT %(count)s)
+RETURNING shard
+
+-- name: release_all_leases
+UPDATE outbox_shard_lease SET owner = NULL, expires_at = NULL WHERE owner = %(relay_id)s
+
+-- name: leave
+DELETE FROM outbox_relay_member WHERE relay_id = %(relay_id)s
+
+-- name: backlog
+SELECT count(*) FILTER (WHERE state = 'pending'),
+       coalesce(extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE state = 'pending')), 0),
+       count(*) FILTER (WHERE state = 'failed')
+FROM outbox
+WHERE state IN ('pending', 'failed')
+
+-- name: shard_owners
+SELECT owner, count(*), min(extract(epoch FROM expires_at - clock_timestamp()))
+FROM outbox_shard_lease
+WHERE owner IS NOT NULL AND expires_at > clock_timestamp()
+GROUP BY owner
+ORDER BY owner
+
+-- name: unowned_shards
+SELECT count(*) FROM outbox_shard_lease WHERE owner IS NULL OR expires_at <= clock_timestamp()
+
+-- name: parked_rows
+SELECT id, event_id, aggregate_type, aggregate_id, event_type, attempts, last_error
+FROM outbox WHERE state = 'failed' ORDER BY id LIMIT %(limit)s
+
+-- name: requeue
+-- Parked rows back to pending. Every filter that is given must match (NULL means "any").
+UPDATE outbox
+SET state = 'pending', last_error = 'requeued after: ' || coalesce(last_error, '')
+WHERE state = 'failed'
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND (%(aggregate_type)s::text IS NULL OR aggregate_type = %(aggregate_type)s::text)
+  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
+  AND (%(error_like)s::text IS NULL OR last_error LIKE %(error_like)s::text)
+RETURNING id
+
+-- name: prune_batch
+-- One small batch of published rows past the retention; never a pending or parked row.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE state = 'published' AND published_at < clock_timestamp() - %(retention)s::interval
+    ORDER BY id
+    LIMIT %(limit)s)

@@ -1,0 +1,107 @@
+"""The relay's settings, validated once at start. Pure: building them does no I/O."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, validate_topic_template
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message starts with the setting's name."""
+
+
+# The relay's safety rests on these producer settings; a pass-through value may not weaken them.
+_REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
+_RDKAFKA_ENV = re.compile(r"^POSTBOX_RDKAFKA_([A-Z0-9_]+)$")
+
+
+def rdkafka_from_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """librdkafka properties from POSTBOX_RDKAFKA_<NAME>, dots written as underscores.
+
+    POSTBOX_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL  ->  security.protocol=SASL_SSL
+    """
+    environ = dict(os.environ) if environ is None else environ
+    found = {}
+    for name, value in environ.items():
+        match = _RDKAFKA_ENV.match(name)
+        if match:
+            found[match.group(1).lower().replace("_", ".")] = value
+    return found
+
+
+def parse_kafka_config(pairs: list[str]) -> dict[str, str]:
+    """`key=value` strings (the repeated --kafka-config flag) to a dict."""
+    config = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"--kafka-config: {pair!r} is not key=value")
+        config[key.strip()] = value
+    return config
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    database_url: str
+    kafka_bootstrap: str
+    schema: str = "postbox"
+    relay_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    batch_size: int = 500
+    poll_interval: float = 1.0
+    listen: bool = True
+    lease_ttl: float = 15.0
+    delivery_timeout: float = 20.0
+    topic_template: str = DEFAULT_TOPIC_TEMPLATE
+    prune_retention: timedelta | None = None
+    prune_interval: float = 60.0
+    kafka_config: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise SettingsError(message)
+
+        check(bool(self.database_url), "database-url: required (POSTBOX_DATABASE_URL)")
+        check(bool(self.kafka_bootstrap), "kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
+        check(1 <= self.batch_size <= 10_000, f"batch-size: {self.batch_size} is outside 1..10000")
+        check(0.05 <= self.poll_interval <= 60, f"poll-interval: {self.poll_interval}s is outside 0.05..60")
+        check(1 <= self.lease_ttl <= 600, f"lease-ttl: {self.lease_ttl}s is outside 1..600")
+        check(
+            1 <= self.delivery_timeout <= 900, f"delivery-timeout: {self.delivery_timeout}s is outside 1..900"
+        )
+        check(
+            bool(re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", self.relay_id)),
+            f"relay-id: {self.relay_id!r} must be 1-200 of A-Z a-z 0-9 _ . : -",
+        )
+        if self.prune_retention is not None:
+            check(self.prune_retention > timedelta(0), "prune-retention: must be positive")
+        try:
+            validate_topic_template(self.topic_template)
+        except ValueError as exc:
+            raise SettingsError(f"topic-template: {exc}") from None
+        for key, required in _REQUIRED_PRODUCER.items():
+            given = self.kafka_config.get(key)
+            if given is not None and given.lower() != required:
+                raise SettingsError(f"kafka-config {key}={given}: the relay requires {key}={required}")
+
+    def producer_config(self) -> dict[str, str | int | float | bool]:
+        """librdkafka settings: safe defaults, then the user's pass-through, then the non-negotiables."""
+        config: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": self.kafka_bootstrap,
+            "client.id": f"postbox-relay-{self.relay_id}",
+            # murmur2 like the Java client (and so Debezium): a key lands on the same partition either way.
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.timeout.ms": int(self.delivery_timeout * 1000),
+            "queue.buffering.max.messages": max(100_000, self.batch_size * 4),
+            "statistics.interval.ms": 0,
+        }
+        config.update(self.kafka_config)
+        config.update(_REQUIRED_PRODUCER)
+        return config

@@ -1,0 +1,17 @@
+"""How many shards each live relay replica should own. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SHARD_COUNT = 64  # fixed by the schema (outbox_shard_of)
+
+
+def fair_share(me: str, live_members: Sequence[str], total: int = SHARD_COUNT) -> int:
+    """Shards `me` should hold: the shards split as evenly as possible, the remainder to the lowest ids.
+
+    Every replica computes the same split from the same member list, so their shares add up to `total`.
+    """
+    members = sorted(set(live_members) | {me})
+    base, remainder = divmod(total, len(members))
+    return base + (1 if members.index(me) < remainder else 0)

@@ -1,0 +1,156 @@
+"""Helpers for tests that run real postbox processes against real servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from relay.devstack.ports import free_port
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+
+def read_topic(
+    bootstrap: str, topic: str, expected: int, timeout: float = 60.0, settle: float = 1.0
+) -> list[Record]:
+    """Every message of `topic` from the beginning: waits for `expected`, then `settle` seconds for extras."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout, what=f"topic {topic}")
+    partitions = admin.list_topics(topic, timeout=5).topics[topic].partitions
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    records: list[Record] = []
+    deadline = time.monotonic() + timeout
+    settle_until: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            if settle_until is None and len(records) >= expected:
+                settle_until = time.monotonic() + settle
+            if settle_until is not None and time.monotonic() >= settle_until:
+                break
+            for m in consumer.consume(500, timeout=0.2):
+                if m.error():
+                    continue
+                records.append(
+                    Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), dict(m.headers() or []))
+                )
+    finally:
+        consumer.close()
+    return records
+
+
+def by_offset(records: list[Record]) -> list[Record]:
+    return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class RelayProcess:
+    """`postbox relay run` as a real child process (so SIGKILL and SIGTERM are the real thing)."""
+
+    def __init__(
+        self,
+        database_url: str,
+        bootstrap: str,
+        schema: str,
+        *extra: str,
+        relay_id: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.relay_id = relay_id or f"relay-{uuid.uuid4().hex[:6]}"
+        self.metrics_port = free_port()
+        self.log_path = Path(f"/tmp/postbox-test-{self.relay_id}.log")
+        self._log = self.log_path.open("ab")
+        command = [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+            "relay",
+            "run",
+            "--database-url",
+            database_url,
+            "--kafka-bootstrap",
+            bootstrap,
+            "--schema",
+            schema,
+            "--relay-id",
+            self.relay_id,
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+            "--lease-ttl",
+            "3",
+            "--poll-interval",
+            "0.2",
+            *extra,
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def pause(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def __enter__(self) -> RelayProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()

@@ -1,0 +1,39 @@
+import pytest
+
+from relay import __version__
+from relay.cli import build_parser, main
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"postbox {__version__}"
+
+
+def test_every_relay_run_flag_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POSTBOX_BATCH_SIZE", "77")
+    monkeypatch.setenv("POSTBOX_NO_LISTEN", "true")
+    monkeypatch.setenv("POSTBOX_SCHEMA", "events")
+    args = build_parser().parse_args(["relay", "run"])
+    assert (args.batch_size, args.no_listen, args.schema) == (77, True, "events")
+    flag_wins = build_parser().parse_args(["relay", "run", "--batch-size", "5"])
+    assert flag_wins.batch_size == 5
+
+
+def test_a_malformed_environment_value_is_rejected_with_its_name(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("POSTBOX_BATCH_SIZE", "many")
+    with pytest.raises(SystemExit):
+        build_parser()
+    assert "POSTBOX_BATCH_SIZE='many' is not valid" in capsys.readouterr().err
+
+
+def test_relay_run_without_a_database_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("POSTBOX_DATABASE_URL", raising=False)
+    with pytest.raises(SystemExit):
+        main(["relay", "run", "--kafka-bootstrap", "k:1"])
+    assert "POSTBOX_DATABASE_URL" in capsys.readouterr().err

@@ -1,0 +1,58 @@
+import pytest
+
+from relay.outbox.settings import RelaySettings, SettingsError, parse_kafka_config, rdkafka_from_env
+
+
+def settings(**overrides: object) -> RelaySettings:
+    return RelaySettings(database_url="postgresql://x", kafka_bootstrap="k:9092", **overrides)  # type: ignore[arg-type]
+
+
+def test_producer_config_is_safe_by_default() -> None:
+    config = settings().producer_config()
+    assert config["enable.idempotence"] == "true"
+    assert config["acks"] == "all"
+    assert config["partitioner"] == "murmur2_random"
+    assert config["message.timeout.ms"] == 20_000
+
+
+def test_pass_through_settings_reach_librdkafka() -> None:
+    config = settings(kafka_config={"security.protocol": "SASL_SSL", "linger.ms": "20"}).producer_config()
+    assert config["security.protocol"] == "SASL_SSL"
+    assert config["linger.ms"] == "20"
+
+
+@pytest.mark.parametrize(("key", "value"), [("acks", "1"), ("enable.idempotence", "false")])
+def test_pass_through_cannot_weaken_delivery(key: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=f"kafka-config {key}={value}"):
+        settings(kafka_config={key: value})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        ({"batch_size": 0}, "batch-size"),
+        ({"lease_ttl": 0.1}, "lease-ttl"),
+        ({"relay_id": "has space"}, "relay-id"),
+        ({"topic_template": "{nope}"}, "topic-template"),
+    ],
+)
+def test_bad_settings_name_the_setting(overrides: dict[str, object], name: str) -> None:
+    with pytest.raises(SettingsError, match=f"^{name}:"):
+        settings(**overrides)
+
+
+def test_missing_connection_settings_name_their_variables() -> None:
+    with pytest.raises(SettingsError, match="POSTBOX_KAFKA_BOOTSTRAP"):
+        RelaySettings(database_url="postgresql://x", kafka_bootstrap="")
+
+
+def test_rdkafka_env_and_flags() -> None:
+    env = {
+        "POSTBOX_RDKAFKA_SASL_MECHANISMS": "PLAIN",
+        "POSTBOX_RDKAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "OTHER": "x",
+    }
+    assert rdkafka_from_env(env) == {"sasl.mechanisms": "PLAIN", "security.protocol": "SASL_SSL"}
+    assert parse_kafka_config(["a.b=c=d"]) == {"a.b": "c=d"}
+    with pytest.raises(SettingsError, match="not key=value"):
+        parse_kafka_config(["novalue"])

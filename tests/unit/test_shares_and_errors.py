@@ -1,0 +1,38 @@
+import pytest
+from confluent_kafka import KafkaError
+
+from relay.outbox.errors import Disposition, classify
+from relay.outbox.shares import SHARD_COUNT, fair_share
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 7, 64, 65, 100])
+def test_shares_add_up_to_all_shards_and_differ_by_at_most_one(count: int) -> None:
+    members = [f"relay-{i}" for i in range(count)]
+    shares = [fair_share(m, members) for m in members]
+    assert sum(shares) == SHARD_COUNT
+    assert max(shares) - min(shares) <= 1
+
+
+def test_a_member_not_yet_listed_counts_itself() -> None:
+    assert fair_share("new", []) == SHARD_COUNT
+    assert fair_share("new", ["old"]) == SHARD_COUNT // 2
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (KafkaError.MSG_SIZE_TOO_LARGE, Disposition.PARK),
+        (KafkaError._MSG_TIMED_OUT, Disposition.RETRY),
+        (KafkaError._TRANSPORT, Disposition.RETRY),
+        (KafkaError.NOT_ENOUGH_REPLICAS, Disposition.RETRY),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, Disposition.TOPIC_BLOCKED),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, Disposition.TOPIC_BLOCKED),
+        (KafkaError.CLUSTER_AUTHORIZATION_FAILED, Disposition.FATAL),
+    ],
+)
+def test_error_classification(code: int, expected: Disposition) -> None:
+    assert classify(code) is expected
+
+
+def test_a_fatal_flag_wins() -> None:
+    assert classify(KafkaError._MSG_TIMED_OUT, fatal=True) is Disposition.FATAL
