@@ -33,3 +33,32 @@ def db(servers: Servers, schema: str) -> Iterator[psycopg.Connection[tuple[objec
 
     with connect(servers.database_url, schema, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[object]:
+    """A broker of this test's own, for tests that stop, pause or reconfigure it."""
+    from relay.devstack.kafka import LocalKafka  # noqa: PLC0415
+
+    kafka = LocalKafka().start()
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture
+def own_kafka_no_autocreate() -> Iterator[object]:
+    from relay.devstack.kafka import LocalKafka  # noqa: PLC0415
+
+    kafka = LocalKafka(auto_create_topics=False).start()
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[object]:
+    """A PostgreSQL server of this test's own, for tests that crash-restart it."""
+    from relay.devstack.postgres import LocalPostgres, find_bin_dir  # noqa: PLC0415
+
+    postgres = LocalPostgres(find_bin_dir()).start()
+    yield postgres
+    postgres.stop()

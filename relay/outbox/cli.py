@@ -86,6 +86,14 @@ def add_relay_commands(commands: Any) -> None:
     )
     env_flag(
         run,
+        "--topic-recheck-interval",
+        "POSTBOX_TOPIC_RECHECK_INTERVAL",
+        "seconds between checks of a topic held back by a configuration error",
+        type=float,
+        default=30.0,
+    )
+    env_flag(
+        run,
         "--metrics-address",
         "POSTBOX_METRICS_ADDRESS",
         "host:port for /metrics, /healthz, /readyz",
@@ -145,6 +153,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
             delivery_timeout=args.delivery_timeout,
             topic_template=args.topic_template,
             prune_retention=args.prune_retention,
+            topic_recheck_interval=args.topic_recheck_interval,
             kafka_config=kafka_config,
             **extra,
         )

@@ -35,7 +35,6 @@ from relay.outbox.settings import RelaySettings
 
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
-TOPIC_RECHECK_SECONDS = 30.0
 log = structlog.get_logger("postbox.relay")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -127,7 +126,9 @@ class Relay:
                     self._ensure_connected()
                     full = self._turn()
                     failures = 0
-                except psycopg.OperationalError as exc:
+                except psycopg.Error as exc:
+                    if not self._connection_lost(exc):
+                        raise  # a bug or a schema problem: fail loudly rather than loop on it
                     failures += 1
                     delay = backoff_delay(failures)
                     log.warning(
@@ -144,6 +145,15 @@ class Relay:
             self._shutdown()
         log.info("relay_stopped", relay_id=self.settings.relay_id)
         return 0
+
+    def _connection_lost(self, exc: psycopg.Error) -> bool:
+        """Whether `exc` means the server went away (restart, failover, a session timeout), not a bug."""
+        if isinstance(exc, psycopg.OperationalError):
+            return True
+        return any(
+            conn is not None and conn.broken
+            for conn in (self._batch_conn, self._lease_conn, self._listen_conn)
+        )
 
     def _ensure_connected(self) -> None:
         if self._batch_conn is not None and self._lease_conn is not None:
@@ -244,8 +254,13 @@ class Relay:
         deliveries: list[Delivery | None] = [None] * len(rows)
         topics = [topic_for(row, template) for row in rows]
         to_send: list[tuple[int, Message]] = []
+        # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
+        # batch transaction.
+        verdicts: dict[str, Delivery | None] = {}
         for index, (row, topic) in enumerate(zip(rows, topics, strict=True)):
-            gate = self._check_topic(topic, row)
+            if topic not in verdicts:
+                verdicts[topic] = self._check_topic(topic, while_waiting)
+            gate = verdicts[topic]
             if gate is not None:
                 deliveries[index] = gate
                 continue
@@ -268,20 +283,21 @@ class Relay:
         self.metrics.blocked_topics.set(len(self._topics.blocked))
         return outcome
 
-    def _check_topic(self, topic: str, row: OutboxRow) -> Delivery | None:
+    def _check_topic(self, topic: str, while_waiting: Callable[[], None]) -> Delivery | None:
         if topic in self._topics.good:
             return None
         if topic in self._topics.blocked:
             return Delivery(Disposition.TOPIC_BLOCKED, self._topics.blocked[topic])
-        verdict = self.publisher.check_topic(topic)
+        verdict = self.publisher.check_topic(topic, while_waiting)
         if verdict is None:
             self._topics.good.add(topic)
         return verdict
 
     def _recheck_blocked_topics(self) -> None:
-        self._topics.next_recheck = time.monotonic() + TOPIC_RECHECK_SECONDS
+        self._topics.next_recheck = time.monotonic() + self.settings.topic_recheck_interval
         for topic in list(self._topics.blocked):
-            if self.publisher.check_topic(topic) is None:
+            assert self.leases is not None
+            if self.publisher.check_topic(topic, self.leases.renew_only, patient=False) is None:
                 del self._topics.blocked[topic]
                 self._topics.blocked_types.pop(topic, None)
                 log.info("relay_topic_unblocked", topic=topic)

@@ -14,8 +14,14 @@ from relay.outbox.routing import Message
 
 
 class Publisher(Protocol):
-    def check_topic(self, topic: str) -> Delivery | None:
-        """None when the topic can take messages now, else why not."""
+    def check_topic(
+        self, topic: str, while_waiting: Callable[[], None], patient: bool = True
+    ) -> Delivery | None:
+        """None when the topic can take messages now, else why not.
+
+        patient: wait (bounded, calling `while_waiting`) for a topic that is being created; otherwise one
+        look at the metadata decides.
+        """
         ...
 
     def publish(self, messages: Sequence[Message], while_waiting: Callable[[], None]) -> list[Delivery]:
@@ -46,24 +52,27 @@ class KafkaPublisher:
     def fatal_error(self) -> str | None:
         return self._fatal
 
-    def check_topic(self, topic: str) -> Delivery | None:
+    def check_topic(
+        self, topic: str, while_waiting: Callable[[], None], patient: bool = True
+    ) -> Delivery | None:
         # An unknown topic shows up on produce only as a timeout, and producing into a topic that is still
         # being auto-created fails some messages and not others. So ask the cluster first, and wait
         # (bounded) until every partition has a leader. The first metadata answer for a topic that
         # auto-creation is about to make is "unknown", the same as when auto-creation is off; only an
         # answer still "unknown" after the wait means the topic is missing.
-        deadline = time.monotonic() + self._topic_wait
+        deadline = time.monotonic() + (self._topic_wait if patient else 0)
         while True:
             verdict, unknown = self._topic_verdict(topic)
             if verdict is None or verdict.disposition is not Disposition.RETRY:
                 return verdict
             if time.monotonic() >= deadline:
                 if unknown:
+                    waited = f" after {self._topic_wait:.0f}s" if patient else ""
                     return Delivery(
-                        Disposition.TOPIC_BLOCKED,
-                        f"{verdict.reason} after {self._topic_wait:.0f}s (is auto-creation off?)",
+                        Disposition.TOPIC_BLOCKED, f"{verdict.reason}{waited} (is auto-creation off?)"
                     )
                 return verdict
+            while_waiting()
             time.sleep(0.2)
 
     def _topic_verdict(self, topic: str) -> tuple[Delivery | None, bool]:

@@ -59,6 +59,7 @@ class RelaySettings:
     topic_template: str = DEFAULT_TOPIC_TEMPLATE
     prune_retention: timedelta | None = None
     prune_interval: float = 60.0
+    topic_recheck_interval: float = 30.0
     kafka_config: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,321 @@
+"""The relay's promises under real faults: killed relays, a stopped broker, competing replicas, bad rows.
+
+Every test uses real processes (`postbox relay run` children, real brokers and databases) and judges the
+result with tests.support.check_delivery, which trusts only what the broker holds.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay.core.migrate import migrate
+from relay.outbox import OutboxEvent, enqueue, enqueue_many
+from tests.servers import Servers
+from tests.support import RelayProcess, check_delivery, outbox_states, read_topic, wait_until
+
+
+def write_sequenced(
+    database_url: str,
+    schema: str,
+    aggregate_type: str,
+    aggregates: list[str],
+    events_per_aggregate: int,
+    written: dict[str, tuple[str, int]],
+    seed: int,
+    pause: float = 0.004,
+) -> None:
+    """Commit events for `aggregates` in a random interleaving, 1-3 per transaction, seq per aggregate."""
+    rng = random.Random(seed)
+    next_seq = dict.fromkeys(aggregates, 0)
+    with psycopg.connect(database_url) as conn:
+        while next_seq:
+            batch = []
+            for _ in range(rng.randint(1, 3)):
+                if not next_seq:
+                    break
+                aggregate = rng.choice(sorted(next_seq))
+                seq = next_seq[aggregate]
+                batch.append(OutboxEvent(aggregate_type, aggregate, "Changed", {"seq": seq}))
+                next_seq[aggregate] += 1
+                if next_seq[aggregate] == events_per_aggregate:
+                    del next_seq[aggregate]
+            ids = enqueue_many(conn, batch, schema=schema)
+            conn.commit()
+            for event_id, event in zip(ids, batch, strict=True):
+                written[str(event_id)] = (event.aggregate_id, event.payload["seq"])
+            time.sleep(rng.random() * pause)
+
+
+def test_per_aggregate_order_holds_with_three_relays_and_interleaved_writers(
+    servers: Servers, schema: str
+) -> None:
+    aggregate_type = f"acct{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    relays = [RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--batch-size", "25")]
+    try:
+        writers = [
+            threading.Thread(
+                target=write_sequenced,
+                args=(
+                    servers.database_url,
+                    schema,
+                    aggregate_type,
+                    [f"w{w}-a{a}" for a in range(10)],
+                    40,
+                    written,
+                    w,
+                    0.06,  # about six seconds of writing, so replicas join and rebalance mid-stream
+                ),
+            )
+            for w in range(3)
+        ]
+        for writer in writers:
+            writer.start()
+        time.sleep(1.0)  # the first relay owns every shard; the next two make it hand shards over mid-stream
+        relays += [
+            RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--batch-size", "25")
+            for _ in range(2)
+        ]
+        for writer in writers:
+            writer.join(timeout=120)
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 1200},
+            90,
+            what="all 1200 rows published",
+        )
+        owners = (
+            psycopg.connect(servers.database_url, autocommit=True)
+            .execute(
+                f'SELECT count(DISTINCT owner) FROM "{schema}".outbox_shard_lease WHERE owner IS NOT NULL'
+            )
+            .fetchone()
+        )
+        assert owners == (3,), "the three replicas share the shards"
+        assert [r.terminate() for r in relays] == [0, 0, 0]
+    finally:
+        for relay in relays:
+            relay.__exit__()
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
+def test_a_relay_killed_mid_batch_again_and_again_loses_nothing(servers: Servers, schema: str) -> None:
+    aggregate_type = f"kill{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    write_sequenced(
+        servers.database_url, schema, aggregate_type, [f"a{i}" for i in range(20)], 150, written, 7
+    )
+    published_before = 0
+    for kill_number in range(4):
+        with RelayProcess(
+            servers.database_url, servers.kafka_bootstrap, schema, "--batch-size", "40"
+        ) as relay:
+            target = published_before + 300
+            wait_until(
+                lambda target=target: (
+                    outbox_states(servers.database_url, schema).get("published", 0) >= target
+                ),
+                60,
+                interval=0.01,
+                what=f"{target} published before kill {kill_number}",
+            )
+            time.sleep(
+                random.random() * 0.05
+            )  # land anywhere in the loop: claim, produce, wait, mark, commit
+            relay.kill()
+        published_before = outbox_states(servers.database_url, schema).get("published", 0)
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--batch-size", "40") as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 3000}, 60, what="drained"
+        )
+        assert relay.terminate() == 0
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
+def test_a_broker_stopped_longer_than_the_delivery_timeout_loses_nothing(
+    servers: Servers, schema: str, own_kafka: Any
+) -> None:
+    aggregate_type = f"down{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    write_sequenced(servers.database_url, schema, aggregate_type, ["a", "b", "c"], 20, written, 1)
+    with RelayProcess(servers.database_url, own_kafka.bootstrap, schema, "--delivery-timeout", "2") as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 60}, 60, what="phase 1"
+        )
+        own_kafka.stop_node(own_kafka.nodes[0])
+        write_sequenced(servers.database_url, schema, aggregate_type, ["d", "e"], 30, written, 2)
+        time.sleep(7)  # several delivery timeouts pass with the broker gone
+        with psycopg.connect(servers.database_url, autocommit=True) as conn:
+            pending = conn.execute(
+                f"SELECT count(*), min(attempts), bool_and(last_error IS NOT NULL) "
+                f"FROM \"{schema}\".outbox WHERE state = 'pending'"
+            ).fetchone()
+        assert pending is not None
+        assert pending[0] == 60, "rows stay pending while the broker is down"
+        assert pending[1] >= 1, "each was attempted"
+        assert pending[2], "and the reason is recorded"
+        own_kafka.start_node(own_kafka.nodes[0])
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 120},
+            90,
+            what="recovered without a restart",
+        )
+        assert relay.terminate() == 0
+        assert "relay_rows_retried" in relay.log()
+    records = read_topic(own_kafka.bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
+def test_a_too_large_payload_is_parked_while_its_neighbours_flow(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    aggregate_type = f"big{uuid.uuid4().hex[:6]}"
+    small = [OutboxEvent(aggregate_type, f"a{i % 3}", "Small", {"i": i}) for i in range(10)]
+    with psycopg.connect(servers.database_url) as app:
+        ids = enqueue_many(app, small[:5], schema=schema)
+        big_id = enqueue(app, aggregate_type, "a0", "Huge", {"blob": "x" * 2_000_000}, schema=schema)
+        ids += enqueue_many(app, small[5:], schema=schema)
+        app.commit()
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 10, "failed": 1},
+            60,
+            what="neighbours published, big row parked",
+        )
+        assert relay.terminate() == 0
+        assert "relay_row_parked" in relay.log()
+    row = db.execute(
+        "SELECT state, attempts, last_error FROM outbox WHERE event_id = %s", (big_id,)
+    ).fetchone()
+    assert row is not None
+    assert row[0:2] == ("failed", 1)
+    assert "too large" in str(row[2]).lower()
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=10)
+    assert sorted(r.headers["id"].decode() for r in records) == sorted(map(str, ids))
+
+
+def test_rows_of_a_transaction_that_commits_late_are_still_published(servers: Servers, schema: str) -> None:
+    aggregate_type = f"late{uuid.uuid4().hex[:6]}"
+    late_conn = psycopg.connect(servers.database_url)
+    late_id = enqueue(late_conn, aggregate_type, "slow", "Late", {"seq": 0}, schema=schema)  # not committed
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        with psycopg.connect(servers.database_url) as app:
+            early = enqueue_many(
+                app,
+                [OutboxEvent(aggregate_type, f"fast{i}", "Early", {"seq": i}) for i in range(20)],
+                schema=schema,
+            )
+            app.commit()
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 20},
+            30,
+            what="the committed rows, published past the open transaction",
+        )
+        time.sleep(1)
+        late_conn.commit()  # its row has a lower id than every published one
+        late_conn.close()
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 21},
+            30,
+            what="the late row published too",
+        )
+        assert relay.terminate() == 0
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=21)
+    assert {r.headers["id"].decode() for r in records} == {str(i) for i in [late_id, *early]}
+
+
+def _readyz(relay: RelayProcess) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{relay.metrics_port}/readyz", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_an_unknown_topic_is_held_back_the_rest_flows_and_the_relay_is_unready(
+    servers: Servers, schema: str, own_kafka_no_autocreate: Any
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415
+
+    kafka = own_kafka_no_autocreate
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.create_topics([NewTopic("outbox.event.known", 3, 1)])["outbox.event.known"].result(30)
+    with psycopg.connect(servers.database_url) as app:
+        enqueue_many(app, [OutboxEvent("missing", "m", "E", {"i": i}) for i in range(5)], schema=schema)
+        known = enqueue_many(app, [OutboxEvent("known", "k", "E", {"i": i}) for i in range(5)], schema=schema)
+        app.commit()
+    with RelayProcess(
+        servers.database_url, kafka.bootstrap, schema, "--topic-recheck-interval", "1"
+    ) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 5, "pending": 5},
+            60,
+            what="the known topic's rows published, the missing topic's held",
+        )
+        wait_until(lambda: _readyz(relay)[0] == 503, 10, what="unready")
+        assert "outbox.event.missing" in _readyz(relay)[1]
+        admin.create_topics([NewTopic("outbox.event.missing", 1, 1)])["outbox.event.missing"].result(30)
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 10},
+            60,
+            what="held rows flow once the topic exists",
+        )
+        wait_until(lambda: _readyz(relay)[0] == 200, 10, what="ready again")
+        assert relay.terminate() == 0
+    records = read_topic(kafka.bootstrap, "outbox.event.known", expected=5)
+    assert sorted(r.headers["id"].decode() for r in records) == sorted(map(str, known))
+
+
+def test_the_relay_rides_out_a_postgres_crash_restart(own_postgres: Any, servers: Servers) -> None:
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+    aggregate_type = f"pgcrash{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    write_sequenced(own_postgres.dsn, "postbox", aggregate_type, [f"a{i}" for i in range(5)], 100, written, 3)
+    with RelayProcess(own_postgres.dsn, servers.kafka_bootstrap, "postbox", "--batch-size", "20") as relay:
+        wait_until(
+            lambda: outbox_states(own_postgres.dsn, "postbox").get("published", 0) >= 100,
+            60,
+            interval=0.01,
+            what="some published",
+        )
+        own_postgres.restart_immediate()
+        wait_until(
+            lambda: outbox_states(own_postgres.dsn, "postbox") == {"published": 500},
+            90,
+            what="drained after the crash",
+        )
+        assert relay.terminate() == 0
+        assert "relay_database_unavailable" in relay.log()
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM"])
+def test_sigterm_releases_the_leases_and_exits_zero(
+    servers: Servers, schema: str, signal_name: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(
+            lambda: (
+                db.execute(
+                    "SELECT count(*) FROM outbox_shard_lease WHERE owner = %s", (relay.relay_id,)
+                ).fetchone()
+                == (64,)
+            ),
+            20,
+            what="all shards owned",
+        )
+        assert relay.terminate() == 0
+    assert db.execute("SELECT count(*) FROM outbox_shard_lease WHERE owner IS NOT NULL").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM outbox_relay_member").fetchone() == (0,)
