@@ -44,6 +44,10 @@ class LeaseKeeper:
         if lost:
             self.leases_lost += len(lost)
             log.warning("relay_leases_lost", shards=sorted(lost))
+        for relay_id, sessions in conn.execute(query(QUERIES, "fence_expired_members"), self._params()):
+            log.warning(
+                "relay_expired_member_fenced", member=str(relay_id), sessions_ended=int(str(sessions))
+            )
         members = [str(r[0]) for r in conn.execute(query(QUERIES, "live_members"), self._params())]
         target = fair_share(self._relay_id, members)
         held = set(renewed)

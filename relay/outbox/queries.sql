@@ -48,6 +48,18 @@ WITH gone AS (
 )
 SELECT relay_id FROM outbox_relay_member WHERE last_seen >= clock_timestamp() - %(ttl)s::interval
 
+-- name: fence_expired_members
+-- A replica whose heartbeat stopped (crashed, paused, cut off) may still have a session holding row locks
+-- and shard advisory locks in an open batch. End its sessions, found by the application_name every relay
+-- connection carries, so its shards move within the lease time instead of waiting for server timeouts.
+SELECT m.relay_id, count(a.pid) FILTER (WHERE pg_terminate_backend(a.pid))
+FROM outbox_relay_member AS m
+JOIN pg_stat_activity AS a ON a.application_name = left('postbox-relay ' || m.relay_id, 63)
+WHERE m.last_seen < clock_timestamp() - %(ttl)s::interval
+  AND m.relay_id <> %(relay_id)s
+  AND a.pid <> pg_backend_pid()
+GROUP BY m.relay_id
+
 -- name: renew_leases
 UPDATE outbox_shard_lease
 SET expires_at = clock_timestamp() + %(ttl)s::interval

@@ -50,7 +50,7 @@ class RelaySettings:
     database_url: str
     kafka_bootstrap: str
     schema: str = "postbox"
-    relay_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    relay_id: str = field(default_factory=lambda: f"{socket.gethostname()[:40]}-{os.getpid()}")
     batch_size: int = 500
     poll_interval: float = 1.0
     listen: bool = True
@@ -76,8 +76,9 @@ class RelaySettings:
             1 <= self.delivery_timeout <= 900, f"delivery-timeout: {self.delivery_timeout}s is outside 1..900"
         )
         check(
-            bool(re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", self.relay_id)),
-            f"relay-id: {self.relay_id!r} must be 1-200 of A-Z a-z 0-9 _ . : -",
+            bool(re.fullmatch(r"[A-Za-z0-9_.:-]{1,48}", self.relay_id)),
+            f"relay-id: {self.relay_id!r} must be 1-48 of A-Z a-z 0-9 _ . : - "
+            "(it names the relay's sessions in pg_stat_activity)",
         )
         if self.prune_retention is not None:
             check(self.prune_retention > timedelta(0), "prune-retention: must be positive")

@@ -319,3 +319,49 @@ def test_sigterm_releases_the_leases_and_exits_zero(
         assert relay.terminate() == 0
     assert db.execute("SELECT count(*) FROM outbox_shard_lease WHERE owner IS NOT NULL").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM outbox_relay_member").fetchone() == (0,)
+
+
+def test_a_paused_replica_loses_its_shards_and_its_return_breaks_no_order(
+    servers: Servers, schema: str
+) -> None:
+    """SIGSTOP one of two replicas mid-stream (a zombie holding leases), keep writing, then SIGCONT it."""
+    aggregate_type = f"zombie{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    extra = ("--batch-size", "20", "--delivery-timeout", "2")
+    with (
+        RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, *extra) as zombie,
+        RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, *extra) as survivor,
+    ):
+        writer = threading.Thread(
+            target=write_sequenced,
+            args=(
+                servers.database_url,
+                schema,
+                aggregate_type,
+                [f"a{i}" for i in range(12)],
+                60,
+                written,
+                11,
+                0.04,
+            ),
+        )
+        writer.start()
+        time.sleep(3)  # both own shards by now
+        zombie.pause()
+        writer.join(timeout=120)
+        # The survivor takes the zombie's shards once their leases expire (3 s) and ends the zombie's
+        # sessions, so a batch the zombie left open cannot hold its rows until the server's idle timeout
+        # (delivery timeout + 30 s = 32 s here).
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 720},
+            25,
+            what="the survivor drains everything",
+        )
+        zombie.resume()
+        time.sleep(3)  # the zombie wakes, finds its leases gone, and must not publish out of order
+        assert survivor.terminate() == 0
+        assert zombie.terminate() == 0
+        assert "relay_expired_member_fenced" in survivor.log(), "the survivor ended the zombie's sessions"
+        assert "relay_leases_lost" in zombie.log() or "relay_database_unavailable" in zombie.log()
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
