@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     from relay.outbox.cli import add_relay_commands  # noqa: PLC0415
 
     add_relay_commands(commands)
+    from inbox.cli import add_inbox_commands  # noqa: PLC0415
+
+    add_inbox_commands(commands)
     return parser
 
 

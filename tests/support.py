@@ -200,3 +200,102 @@ def check_delivery(records: list[Record], written: dict[str, tuple[str, int]]) -
         last_seq[aggregate] = seq
     assert not inversions, f"per-aggregate order broken: {inversions[:5]}"
     return {"events": len(written), "duplicates": duplicates}
+
+
+class InboxProcess:
+    """`postbox inbox consume` as a real child process."""
+
+    def __init__(
+        self,
+        database_url: str,
+        bootstrap: str,
+        schema: str,
+        app: str,
+        topics: list[str],
+        *extra: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = f"inbox-{uuid.uuid4().hex[:6]}"
+        self.log_path = Path(f"/tmp/postbox-test-{self.name}.log")
+        self._log = self.log_path.open("ab")
+        command = [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+            "inbox",
+            "consume",
+            "--app",
+            app,
+            "--database-url",
+            database_url,
+            "--kafka-bootstrap",
+            bootstrap,
+            "--schema",
+            schema,
+            "--topics",
+            ",".join(topics),
+            # A killed member leaves the group after this (Kafka's default is 45 s).
+            "--kafka-config",
+            "session.timeout.ms=6000",
+            *extra,
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def __enter__(self) -> InboxProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()
+
+
+def produce(
+    bootstrap: str, topic: str, messages: list[tuple[str, str, dict[str, object]]], key: str | None = None
+) -> None:
+    """(message id, event type, payload) triples, as the relay would send them (plus an eventType header)."""
+    import json  # noqa: PLC0415
+
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+        }
+    )
+    errors: list[object] = []
+    for message_id, event_type, payload in messages:
+        producer.produce(
+            topic,
+            json.dumps(payload).encode(),
+            (key or str(payload.get("account", "k"))).encode(),
+            headers=[("id", message_id.encode()), ("eventType", event_type.encode())],
+            on_delivery=lambda err, _m: errors.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0
+    assert not errors, errors
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import NewTopic  # noqa: PLC0415
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the future resolves
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)

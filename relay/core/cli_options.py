@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from datetime import timedelta
 from typing import Any
 
 
@@ -35,14 +36,28 @@ def _parse_bool(env: str, raw: str) -> bool:
     raise SystemExit(f"postbox: {env}={raw!r} is not a boolean (use true or false)")
 
 
-def add_database_options(parser: argparse.ArgumentParser) -> None:
+def add_database_options(parser: argparse.ArgumentParser, schema_default: str | None = "postbox") -> None:
     env_flag(
         parser,
         "--database-url",
         "POSTBOX_DATABASE_URL",
         "PostgreSQL connection URL (libpq syntax, so TLS options such as sslmode go here)",
     )
-    env_flag(parser, "--schema", "POSTBOX_SCHEMA", "schema holding the postbox tables", default="postbox")
+    env_flag(
+        parser, "--schema", "POSTBOX_SCHEMA", "schema holding the postbox tables", default=schema_default
+    )
+
+
+def duration(text: str) -> timedelta:
+    """'90s', '15m', '36h', '7d' or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        return timedelta(seconds=float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 36h or 7d") from None
 
 
 def require(args: argparse.Namespace, parser: argparse.ArgumentParser, *names: str) -> None:

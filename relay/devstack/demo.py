@@ -1,14 +1,15 @@
-"""`postbox dev demo`: the relay on a real local PostgreSQL and Kafka, with sample traffic you can watch.
+"""`postbox dev demo`: the relay and an inbox on a real local PostgreSQL and Kafka, with sample traffic.
 
-A writer commits an order row and its outbox event in one transaction a few times a second; the relay (a
-real `postbox relay run` child process) publishes them; a plain Kafka consumer prints what arrives. At the
-end the relay gets SIGTERM and the demo prints what was written, published and received.
+A writer service commits an order row and its outbox event in one transaction a few times a second; the
+relay (a real `postbox relay run` child process) publishes them; a plain Kafka consumer prints what arrives;
+a downstream service (`inbox.example`, a real `postbox inbox consume` child process) applies each event once
+to its own projection table. At the end both get SIGTERM and the demo prints what was written, published,
+received and applied.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,26 +24,23 @@ from confluent_kafka import Consumer
 
 from relay.core.migrate import migrate
 from relay.devstack.ports import free_port
-from relay.devstack.stack import local_stack
+from relay.devstack.stack import StackInfo, local_stack
 from relay.outbox import enqueue
 
 TOPIC = "outbox.event.order"
+AGGREGATES = 7  # a few orders, updated again and again, so per-key order is visible on the topic
 
 
 def _writer(dsn: str, schema: str, rate: float, stop: threading.Event, written: list[str]) -> None:
     with psycopg.connect(dsn) as conn:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS demo_orders (id text PRIMARY KEY, total numeric, status text)"
-        )
-        conn.commit()
         n = 0
         while not stop.is_set():
             n += 1
-            order_id = f"order-{n % 7}"  # a few aggregates, so per-key order is visible on the topic
+            order_id = f"order-{n % AGGREGATES}"
             with conn.transaction():
                 conn.execute(
-                    "INSERT INTO demo_orders VALUES (%s, %s, 'placed') ON CONFLICT (id) DO UPDATE "
-                    "SET total = EXCLUDED.total, status = 'updated'",
+                    "INSERT INTO demo_orders VALUES (%s, %s) "
+                    "ON CONFLICT (id) DO UPDATE SET total = EXCLUDED.total",
                     (order_id, n),
                 )
                 event_id = enqueue(
@@ -50,7 +48,7 @@ def _writer(dsn: str, schema: str, rate: float, stop: threading.Event, written: 
                     "order",
                     order_id,
                     "OrderChanged",
-                    {"type": "OrderChanged", "order": order_id, "seq": n, "total": n},
+                    {"order": order_id, "seq": n, "total": n},
                     headers={"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"},
                     schema=schema,
                 )
@@ -58,11 +56,11 @@ def _writer(dsn: str, schema: str, rate: float, stop: threading.Event, written: 
             stop.wait(1 / rate)
 
 
-def _consumer(bootstrap: str, stop: threading.Event, received: list[str]) -> None:
+def _watcher(bootstrap: str, stop: threading.Event, received: list[str]) -> None:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"demo-{uuid.uuid4().hex[:6]}",
+            "group.id": f"demo-watch-{uuid.uuid4().hex[:6]}",
             "auto.offset.reset": "earliest",
         }
     )
@@ -72,8 +70,7 @@ def _consumer(bootstrap: str, stop: threading.Event, received: list[str]) -> Non
             message = consumer.poll(0.2)
             if message is None or message.error():
                 continue
-            headers = dict(message.headers() or [])
-            raw_id = headers.get("id")
+            raw_id = dict(message.headers() or []).get("id")
             event_id = raw_id.decode() if isinstance(raw_id, bytes) else "?"
             received.append(event_id)
             payload = json.loads(message.value() or b"null")
@@ -86,73 +83,110 @@ def _consumer(bootstrap: str, stop: threading.Event, received: list[str]) -> Non
         consumer.close()
 
 
+def _child(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "relay.cli", "--log-format", "json", *args],
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _applied(dsn: str) -> tuple[int, int, bool]:
+    """(inbox claims, projection rows, whether every projection row holds its order's newest snapshot)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        claims = conn.execute(
+            "SELECT count(*) FROM postbox.inbox_message "
+            "WHERE consumer = 'orders-projection' AND status = 'done'"
+        ).fetchone()
+        rows = conn.execute(
+            "SELECT count(*), bool_and(p.seq = o.total) FROM order_projection p "
+            "JOIN demo_orders o ON o.id = p.order_id"
+        ).fetchone()
+    assert claims is not None
+    assert rows is not None
+    return int(claims[0]), int(rows[0]), bool(rows[1])
+
+
+def _start_services(info: StackInfo, schema: str, logs: Path) -> tuple[subprocess.Popen[bytes], ...]:
+    common = ["--database-url", info.database_url, "--kafka-bootstrap", info.kafka_bootstrap]
+    relay = _child(
+        [
+            "relay",
+            "run",
+            *common,
+            "--schema",
+            schema,
+            "--event-type-header",
+            "eventType",
+            "--metrics-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        logs / "relay.log",
+    )
+    inbox = _child(
+        ["inbox", "consume", *common, "--app", "inbox.example:inbox", "--topics", TOPIC], logs / "inbox.log"
+    )
+    return relay, inbox
+
+
 def run_demo(duration: float, rate: float, schema: str = "postbox") -> int:
     print(
         "starting a real PostgreSQL and Kafka (first start fetches the Kafka jars with Maven)...", flush=True
     )
     with local_stack(publish_state=True) as (_, _, info):
-        with psycopg.connect(info.database_url) as conn:
+        with psycopg.connect(info.database_url, autocommit=True) as conn:
             migrate(conn, schema)
+            conn.execute("CREATE TABLE demo_orders (id text PRIMARY KEY, total bigint)")
+            conn.execute(
+                "CREATE TABLE order_projection (order_id text PRIMARY KEY, total numeric, "
+                "seq bigint NOT NULL)"
+            )
         print(f"PostgreSQL {info.postgres_version} at {info.database_url}")
         print(f"Kafka {info.kafka_version} at {info.kafka_bootstrap}")
-        log_path = Path(tempfile.gettempdir()) / f"postbox-demo-relay-{os.getpid()}.log"
-        metrics_port = free_port()
-        relay = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "relay.cli",
-                "--log-format",
-                "json",
-                "relay",
-                "run",
-                "--database-url",
-                info.database_url,
-                "--kafka-bootstrap",
-                info.kafka_bootstrap,
-                "--schema",
-                schema,
-                "--metrics-address",
-                f"127.0.0.1:{metrics_port}",
-            ],
-            stdout=log_path.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        logs = Path(tempfile.mkdtemp(prefix="postbox-demo-"))
+        relay, inbox = _start_services(info, schema, logs)
         print(
-            f"relay running (pid {relay.pid}); its JSON logs: {log_path}; metrics: "
-            f"http://127.0.0.1:{metrics_port}/metrics"
+            f"relay (pid {relay.pid}) and inbox consumer inbox.example (pid {inbox.pid}) running; "
+            f"logs in {logs}"
         )
-        print(f"writing {rate:g} orders/s, each with its outbox event in one transaction; consuming {TOPIC}:")
-        writer_stop, stop = threading.Event(), threading.Event()
+        print(f"writing {rate:g} orders/s, each with its outbox event in one transaction; watching {TOPIC}:")
+        writer_stop, watcher_stop = threading.Event(), threading.Event()
         written: list[str] = []
         received: list[str] = []
-        threads = [
-            threading.Thread(target=_writer, args=(info.database_url, schema, rate, writer_stop, written)),
-            threading.Thread(target=_consumer, args=(info.kafka_bootstrap, stop, received)),
-        ]
-        for thread in threads:
-            thread.start()
-        interrupted = False
+        writer = threading.Thread(
+            target=_writer, args=(info.database_url, schema, rate, writer_stop, written)
+        )
+        watcher = threading.Thread(target=_watcher, args=(info.kafka_bootstrap, watcher_stop, received))
+        writer.start()
+        watcher.start()
         try:
             deadline = time.monotonic() + duration if duration > 0 else float("inf")
-            while time.monotonic() < deadline and relay.poll() is None:
+            while time.monotonic() < deadline and relay.poll() is None and inbox.poll() is None:
                 time.sleep(0.2)
         except KeyboardInterrupt:
-            interrupted = True
+            pass
         writer_stop.set()
-        threads[0].join(timeout=10)
-        # Let the last events through before judging.
-        settle = time.monotonic() + 15
-        while time.monotonic() < settle and not set(written) <= set(received) and relay.poll() is None:
+        writer.join(timeout=10)
+        settle = time.monotonic() + 20  # let the last events through before judging
+        while (
+            time.monotonic() < settle
+            and relay.poll() is None
+            and not (set(written) <= set(received) and _applied(info.database_url)[0] >= len(set(written)))
+        ):
             time.sleep(0.2)
-        stop.set()
-        relay.send_signal(signal.SIGTERM)
-        code = relay.wait(timeout=30)
-        threads[1].join(timeout=10)
-        lost = set(written) - set(received)
+        watcher_stop.set()
+        codes = []
+        for child in (relay, inbox):
+            child.send_signal(signal.SIGTERM)
+            codes.append(child.wait(timeout=30))
+        watcher.join(timeout=10)
+        claims, projected, newest = _applied(info.database_url)
+        missing = set(written) - set(received)
         print(
-            f"\nwritten {len(written)}, received {len(received)} "
-            f"({len(received) - len(set(received))} duplicates), missing {len(lost)}; "
-            f"relay exited {code} after SIGTERM{' (interrupted)' if interrupted else ''}"
+            f"\nwritten {len(written)}, received {len(received)} ({len(received) - len(set(received))} "
+            f"duplicates), missing {len(missing)}; applied once by the inbox: {claims}; projection: "
+            f"{projected} orders, newest snapshot everywhere: {newest}; relay exited {codes[0]}, "
+            f"inbox exited {codes[1]} after SIGTERM"
         )
-        return 0 if code == 0 and not lost else 1
+        ok = codes == [0, 0] and not missing and claims == len(set(written)) and newest
+        return 0 if ok else 1

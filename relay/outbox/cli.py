@@ -7,19 +7,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from relay.core.cli_options import add_database_options, env_flag, require
-
-
-def _duration(text: str) -> timedelta:
-    """'90s', '15m', '36h', '7d' or plain seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip().lower()
-    try:
-        if text and text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 36h or 7d") from None
+from relay.core.cli_options import add_database_options, duration, env_flag, require
 
 
 def add_relay_commands(commands: Any) -> None:
@@ -82,7 +70,14 @@ def add_relay_commands(commands: Any) -> None:
         "--prune-retention",
         "POSTBOX_PRUNE_RETENTION",
         "delete published rows older than this (e.g. 7d) while running; off when unset",
-        type=_duration,
+        type=duration,
+    )
+    env_flag(
+        run,
+        "--event-type-header",
+        "POSTBOX_EVENT_TYPE_HEADER",
+        "also send the event type in this header, e.g. eventType (off: Debezium's exact default format)",
+        default="",
     )
     env_flag(
         run,
@@ -129,7 +124,7 @@ def add_relay_commands(commands: Any) -> None:
         "--older-than",
         "POSTBOX_PRUNE_RETENTION",
         "retention, e.g. 7d",
-        type=_duration,
+        type=duration,
         default=timedelta(days=7),
     )
     env_flag(prune, "--batch-size", "POSTBOX_PRUNE_BATCH_SIZE", "rows per delete", type=int, default=1000)
@@ -137,10 +132,11 @@ def add_relay_commands(commands: Any) -> None:
 
 
 def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
-    from relay.outbox.settings import RelaySettings, SettingsError, parse_kafka_config, rdkafka_from_env  # noqa: PLC0415
+    from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
+    from relay.outbox.settings import RelaySettings, SettingsError  # noqa: PLC0415
 
     try:
-        kafka_config = {**rdkafka_from_env(), **parse_kafka_config(args.kafka_config)}
+        kafka_config = kafka_config_from(args.kafka_config)
         extra = {"relay_id": args.relay_id} if args.relay_id else {}
         return RelaySettings(
             database_url=args.database_url or "",
@@ -154,10 +150,11 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
             topic_template=args.topic_template,
             prune_retention=args.prune_retention,
             topic_recheck_interval=args.topic_recheck_interval,
+            event_type_header=args.event_type_header,
             kafka_config=kafka_config,
             **extra,
         )
-    except SettingsError as exc:
+    except (SettingsError, ValueError) as exc:
         parser.error(str(exc))
 
 

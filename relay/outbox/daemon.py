@@ -9,7 +9,6 @@ What a crash at each step leaves behind:
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 import psycopg
 import structlog
 
+from relay.core.backoff import backoff_delay
 from relay.core.db import advisory_key
 from relay.core.sql import query
 from relay.outbox import admin
@@ -42,11 +42,6 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 
 class FatalRelayError(RuntimeError):
     """The relay cannot go on (fatal producer error); delivered rows were marked, nothing else."""
-
-
-def backoff_delay(failures: int, base: float = 0.5, cap: float = 30.0) -> float:
-    """Exponential backoff with full jitter, so replicas that failed together do not retry together."""
-    return random.uniform(0, min(cap, base * 2 ** min(failures, 16)))  # noqa: S311  (jitter, not crypto)
 
 
 @dataclass
@@ -265,7 +260,7 @@ class Relay:
                 deliveries[index] = gate
                 continue
             try:
-                to_send.append((index, to_message(row, template)))
+                to_send.append((index, to_message(row, template, self.settings.event_type_header)))
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
         if to_send:

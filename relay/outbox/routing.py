@@ -57,10 +57,14 @@ def topic_for(row: OutboxRow, template: str) -> str:
     return template.format(aggregate_type=row.aggregate_type, event_type=row.event_type)
 
 
-def to_message(row: OutboxRow, template: str) -> Message:
+def to_message(row: OutboxRow, template: str, type_header: str | None = None) -> Message:
+    """The Kafka message for a row. `type_header`, when set, also carries the event type (the usual
+    Debezium option `table.fields.additional.placement=type:header:eventType`)."""
     headers: list[tuple[str, str | bytes | None]] = [(ID_HEADER, str(row.event_id).encode())]
+    if type_header:
+        headers.append((type_header, row.event_type.encode()))
     for name, value in row.headers.items():
-        if name == ID_HEADER:
+        if name in (ID_HEADER, type_header):
             continue  # the event id is authoritative; a user header must not forge it
         if not isinstance(value, str):
             raise RoutingError(f"header {name!r} is not a string")

@@ -17,32 +17,6 @@ class SettingsError(ValueError):
 
 # The relay's safety rests on these producer settings; a pass-through value may not weaken them.
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
-_RDKAFKA_ENV = re.compile(r"^POSTBOX_RDKAFKA_([A-Z0-9_]+)$")
-
-
-def rdkafka_from_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """librdkafka properties from POSTBOX_RDKAFKA_<NAME>, dots written as underscores.
-
-    POSTBOX_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL  ->  security.protocol=SASL_SSL
-    """
-    environ = dict(os.environ) if environ is None else environ
-    found = {}
-    for name, value in environ.items():
-        match = _RDKAFKA_ENV.match(name)
-        if match:
-            found[match.group(1).lower().replace("_", ".")] = value
-    return found
-
-
-def parse_kafka_config(pairs: list[str]) -> dict[str, str]:
-    """`key=value` strings (the repeated --kafka-config flag) to a dict."""
-    config = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise SettingsError(f"--kafka-config: {pair!r} is not key=value")
-        config[key.strip()] = value
-    return config
 
 
 @dataclass(frozen=True)
@@ -60,6 +34,7 @@ class RelaySettings:
     prune_retention: timedelta | None = None
     prune_interval: float = 60.0
     topic_recheck_interval: float = 30.0
+    event_type_header: str = ""  # off by default: exactly Debezium's default wire format
     kafka_config: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -59,3 +59,8 @@ def test_non_string_header_is_a_routing_error() -> None:
 def test_bad_templates_are_rejected(template: str) -> None:
     with pytest.raises(ValueError, match="may use only"):
         validate_topic_template(template)
+
+
+def test_the_event_type_header_is_opt_in() -> None:
+    assert ("eventType", b"OrderPlaced") in to_message(row(), "t", "eventType").headers
+    assert all(name != "eventType" for name, _ in to_message(row(), "t").headers)

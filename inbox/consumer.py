@@ -1,0 +1,362 @@
+"""The Kafka inbox consumer: claim, apply, commit, then commit offsets.
+
+For each poll: one transaction claims every message with one INSERT ... ON CONFLICT DO NOTHING RETURNING,
+runs the handler of each newly claimed message under its own savepoint (one failing handler does not undo
+its neighbours), parks messages whose handler keeps failing, commits; only then are the offsets committed.
+
+What a crash at each step leaves behind: before the commit, nothing (the batch is read again); after the
+commit and before the offset commit, the claims are durable, so the re-read batch is all duplicates and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psycopg
+import structlog
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from inbox.handlers import Inbox, PermanentError
+from inbox.message import Message, MessageIdMissing, event_type_of
+from inbox.metrics import InboxMetrics
+from relay.core.backoff import backoff_delay
+from relay.core.db import connect
+from relay.core.sql import query
+
+QUERIES = Path(__file__).with_name("queries.sql")
+log = structlog.get_logger("postbox.inbox")
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    database_url: str
+    kafka_bootstrap: str
+    topics: list[str]
+    group_id: str | None = None  # defaults to the inbox's consumer name
+    batch_size: int = 500
+    poll_timeout: float = 1.0
+    kafka_config: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            raise ValueError("database-url: required (POSTBOX_DATABASE_URL)")
+        if not self.kafka_bootstrap:
+            raise ValueError("kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
+        if not self.topics:
+            raise ValueError("topic: at least one topic is required (POSTBOX_INBOX_TOPICS)")
+        if not 1 <= self.batch_size <= 10_000:
+            raise ValueError(f"batch-size: {self.batch_size} is outside 1..10000")
+        for key in ("enable.auto.commit", "enable.auto.offset.store"):
+            if self.kafka_config.get(key, "false").lower() != "false":
+                raise ValueError(
+                    f"kafka-config {key}: offsets are committed by postbox after the database commit"
+                )
+
+
+@dataclass
+class _Work:
+    message: Message
+    claimed: bool = False
+    missing_id: str | None = None  # why the id could not be read (parked under its coordinates)
+
+
+class InboxConsumer:
+    def __init__(self, inbox: Inbox, settings: ConsumerSettings, metrics: InboxMetrics | None = None) -> None:
+        self.inbox = inbox
+        self.settings = settings
+        self.metrics = metrics or InboxMetrics()
+        self._stopping = False
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._dead_letters: Producer | None = None
+        self.last_loop = time.monotonic()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def healthy(self) -> tuple[bool, str]:
+        stalled = time.monotonic() - self.last_loop
+        return stalled < 120, f"poll loop last turned {stalled:.1f}s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        if self._conn is None or self._conn.closed:
+            return False, "not connected to PostgreSQL"
+        return self.healthy()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _kafka_consumer(self) -> Consumer:
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.settings.kafka_bootstrap,
+            "group.id": self.settings.group_id or self.inbox.consumer,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            **self.settings.kafka_config,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+        return Consumer(config)
+
+    def run(self) -> int:
+        consumer = self._kafka_consumer()
+        if self.inbox.dead_letter_topic:
+            self._dead_letters = Producer(
+                {
+                    "bootstrap.servers": self.settings.kafka_bootstrap,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    **self.settings.kafka_config,
+                }
+            )
+
+        def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            # Batches are applied and committed between polls, so nothing is in flight here.
+            log.info("inbox_partitions_revoked", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
+
+        def on_assign(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            log.info("inbox_partitions_assigned", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
+
+        consumer.subscribe(self.settings.topics, on_assign=on_assign, on_revoke=on_revoke)
+        log.info("inbox_started", consumer=self.inbox.consumer, topics=self.settings.topics)
+        failures = 0
+        try:
+            while not self._stopping:
+                self.last_loop = time.monotonic()
+                records = consumer.consume(self.settings.batch_size, self.settings.poll_timeout)
+                batch = [r for r in records if self._usable(r)]
+                if not batch:
+                    continue
+                try:
+                    self._apply(batch)
+                    failures = 0
+                except psycopg.Error as exc:
+                    if self._conn is None or not (
+                        self._conn.broken or isinstance(exc, psycopg.OperationalError)
+                    ):
+                        raise
+                    failures += 1
+                    delay = backoff_delay(failures)
+                    log.warning(
+                        "inbox_database_unavailable", error=str(exc).strip(), retry_in=round(delay, 2)
+                    )
+                    self._close_db()
+                    self._rewind(consumer, batch)
+                    time.sleep(delay)
+                    continue
+                self._commit_offsets(consumer, batch)
+        finally:
+            consumer.close()
+            if self._dead_letters is not None:
+                self._dead_letters.flush(10)
+            self._close_db()
+        log.info("inbox_stopped", consumer=self.inbox.consumer)
+        return 0
+
+    @staticmethod
+    def _usable(record: Any) -> bool:
+        error = record.error()
+        if error is None:
+            return True
+        if error.code() == KafkaError._PARTITION_EOF:
+            return False
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("inbox_consume_error", error=error.str())
+        return False
+
+    def _db(self) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._conn is None:
+            self._conn = connect(
+                self.settings.database_url,
+                self.inbox.schema,
+                application_name=f"postbox-inbox {self.inbox.consumer}"[:63],
+            )
+        return self._conn
+
+    def _close_db(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _decode(self, record: Any) -> _Work:
+        headers = {name: value or b"" for name, value in (record.headers() or [])}
+        topic, partition, offset = record.topic(), record.partition(), record.offset()
+        missing = None
+        try:
+            message_id = self.inbox.id_source.extract(topic, partition, offset, headers, record.value())
+        except MessageIdMissing as exc:
+            # Never dropped: kept under its coordinates, parked with the reason.
+            message_id, missing = f"{topic}/{partition}/{offset}", str(exc)
+        _, timestamp = record.timestamp()
+        message = Message(
+            topic,
+            partition,
+            offset,
+            record.key(),
+            record.value(),
+            headers,
+            message_id,
+            event_type_of(headers, self.inbox.event_type_header),
+            timestamp,
+        )
+        return _Work(message, missing_id=missing)
+
+    def _apply(self, records: list[Any]) -> None:
+        work = [self._decode(r) for r in records]
+        conn = self._db()
+        with conn.transaction():
+            rows = conn.execute(
+                query(QUERIES, "claim_messages"),
+                {
+                    "consumer": self.inbox.consumer,
+                    "ids": [w.message.message_id for w in work],
+                    "topics": [w.message.topic for w in work],
+                    "partitions": [w.message.partition for w in work],
+                    "offsets": [w.message.offset for w in work],
+                    "keys": [w.message.key for w in work],
+                },
+            ).fetchall()
+            new_ids = {str(r[0]) for r in rows}
+            for item in work:  # offset order; a repeat inside the batch runs once, at its first place
+                if item.message.message_id in new_ids:
+                    new_ids.discard(item.message.message_id)
+                    item.claimed = True
+            failed: list[tuple[Message, str]] = []
+            for item in work:
+                if not item.claimed:
+                    self.metrics.duplicates.labels(item.message.topic).inc()
+                    continue
+                outcome = self._handle(conn, item)
+                if outcome is not None:
+                    failed.append((item.message, outcome))
+            if failed and self._dead_letters is not None:
+                self._send_dead_letters(failed)  # before the commit: a failure here retries the batch
+        claimed = [w.message for w in work if w.claimed]
+        log.debug(
+            "inbox_batch_applied",
+            messages=len(work),
+            claimed=len(claimed),
+            duplicates=len(work) - len(claimed),
+        )
+        self.inbox.run_after_commit(claimed)
+
+    def _handle(self, conn: psycopg.Connection[tuple[Any, ...]], item: _Work) -> str | None:
+        """Run the message's handler with bounded retries; returns the reason when it ends parked."""
+        message = item.message
+        if item.missing_id is not None:
+            return self._park(conn, message, f"message id: {item.missing_id}", 1)
+        handler = self.inbox.handler_for(message)
+        if handler is None:
+            log.debug("inbox_unhandled", topic=message.topic, event_type=message.event_type)
+            self.metrics.processed.labels(message.topic).inc()
+            return None
+        for attempt in range(1, self.inbox.max_attempts + 1):
+            started = time.perf_counter()
+            try:
+                with conn.transaction():  # a savepoint: this handler's writes only
+                    handler(conn, message)
+            except PermanentError as exc:
+                return self._park(conn, message, f"{type(exc).__name__}: {exc}", attempt)
+            except Exception as exc:
+                if conn.broken or isinstance(exc, psycopg.OperationalError):
+                    raise  # the database went away: the whole batch is read again
+                reason = f"{type(exc).__name__}: {exc}"
+                if attempt == self.inbox.max_attempts:
+                    return self._park(conn, message, reason, attempt)
+                self.metrics.retries.inc()
+                log.warning(
+                    "inbox_handler_retry",
+                    topic=message.topic,
+                    partition=message.partition,
+                    offset=message.offset,
+                    attempt=attempt,
+                    error=reason,
+                )
+                time.sleep(backoff_delay(attempt, base=self.inbox.retry_backoff, cap=10))
+                continue
+            finally:
+                self.metrics.handler_seconds.observe(time.perf_counter() - started)
+            self.metrics.processed.labels(message.topic).inc()
+            return None
+        raise AssertionError("unreachable: the last attempt parks or returns")
+
+    def _park(
+        self, conn: psycopg.Connection[tuple[Any, ...]], message: Message, reason: str, attempts: int
+    ) -> str:
+        conn.execute(
+            query(QUERIES, "mark_failed"),
+            {
+                "consumer": self.inbox.consumer,
+                "error": reason[:2000],
+                "attempts": attempts,
+                "message_id": message.message_id,
+            },
+        )
+        self.metrics.failed.labels(message.topic).inc()
+        log.error(
+            "inbox_message_parked",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            message_id=message.message_id,
+            attempts=attempts,
+            reason=reason,
+        )
+        return reason
+
+    def _send_dead_letters(self, failed: list[tuple[Message, str]]) -> None:
+        producer, topic = self._dead_letters, self.inbox.dead_letter_topic
+        assert producer is not None
+        assert topic is not None
+        errors: list[str] = []
+
+        def on_delivery(error: KafkaError | None, _record: object) -> None:
+            if error is not None:
+                errors.append(error.str())
+
+        for message, reason in failed:
+            headers: list[tuple[str, str | bytes | None]] = [
+                *message.headers.items(),
+                ("postbox.error", reason.encode()),
+                ("postbox.source", message.coordinates.encode()),
+            ]
+            producer.produce(topic, message.value, message.key, headers=headers, on_delivery=on_delivery)
+        remaining = producer.flush(30)
+        if remaining or errors:
+            raise KafkaException(
+                KafkaError(KafkaError._MSG_TIMED_OUT, f"dead-letter produce failed: {errors}")
+            )
+
+    @staticmethod
+    def _offsets(records: list[Any]) -> list[TopicPartition]:
+        next_offset: dict[tuple[str, int], int] = {}
+        for record in records:
+            key = (record.topic(), record.partition())
+            next_offset[key] = max(next_offset.get(key, 0), record.offset() + 1)
+        return [TopicPartition(t, p, o) for (t, p), o in next_offset.items()]
+
+    def _commit_offsets(self, consumer: Consumer, records: list[Any]) -> None:
+        try:
+            consumer.commit(offsets=self._offsets(records), asynchronous=False)
+        except KafkaException as exc:
+            # Work is committed in the database; a lost offset commit only means a re-read of duplicates.
+            log.warning("inbox_offset_commit_failed", error=str(exc))
+
+    @staticmethod
+    def _rewind(consumer: Consumer, records: list[Any]) -> None:
+        first: dict[tuple[str, int], int] = {}
+        for record in records:
+            key = (record.topic(), record.partition())
+            first[key] = min(first.get(key, record.offset()), record.offset())
+        for (topic, partition), offset in first.items():
+            consumer.seek(TopicPartition(topic, partition, offset))

@@ -1,0 +1,92 @@
+"""A consumed Kafka message as handlers see it, and how its idempotency key is found. Pure, no I/O."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+
+class MessageIdMissing(ValueError):
+    """The configured id source is absent from the message; it is parked under its coordinates."""
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+    message_id: str
+    event_type: str | None
+    timestamp_ms: int | None = None
+
+    @property
+    def key_text(self) -> str | None:
+        return None if self.key is None else self.key.decode("utf-8", errors="replace")
+
+    @cached_property
+    def payload(self) -> Any:
+        """The value as JSON (None for a tombstone). Raises ValueError for a value that is not JSON."""
+        if self.value is None:
+            return None
+        return json.loads(self.value)
+
+    @property
+    def coordinates(self) -> str:
+        return coordinates(self.topic, self.partition, self.offset)
+
+
+def coordinates(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{partition}/{offset}"
+
+
+@dataclass(frozen=True)
+class IdSource:
+    """Where a message's id lives: `header:NAME` (default `header:id`), `payload:a.b.c`, or `coordinates`.
+
+    `coordinates` (topic/partition/offset) is the last resort: it deduplicates redelivery of the same
+    record, not a producer that sent the same event twice.
+    """
+
+    kind: str
+    name: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> IdSource:
+        kind, _, name = text.partition(":")
+        if kind == "coordinates" and not name:
+            return cls("coordinates")
+        if kind in ("header", "payload") and name:
+            return cls(kind, name)
+        raise ValueError(f"message-id source {text!r}: use header:NAME, payload:PATH or coordinates")
+
+    def extract(
+        self, topic: str, partition: int, offset: int, headers: dict[str, bytes], value: bytes | None
+    ) -> str:
+        if self.kind == "coordinates":
+            return coordinates(topic, partition, offset)
+        if self.kind == "header":
+            raw = headers.get(self.name)
+            if raw is None or not raw.strip():
+                raise MessageIdMissing(f"no {self.name!r} header")
+            return raw.decode("utf-8", errors="replace")
+        try:
+            node: Any = json.loads(value) if value is not None else None
+        except ValueError:
+            raise MessageIdMissing("value is not JSON, so payload path cannot be read") from None
+        for part in self.name.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise MessageIdMissing(f"no {self.name!r} in the payload")
+            node = node[part]
+        if node is None or isinstance(node, dict | list):
+            raise MessageIdMissing(f"payload {self.name!r} is not a scalar id")
+        return str(node)
+
+
+def event_type_of(headers: dict[str, bytes], type_header: str) -> str | None:
+    raw = headers.get(type_header)
+    return raw.decode("utf-8", errors="replace") if raw else None

@@ -1,0 +1,38 @@
+"""librdkafka pass-through settings, from the environment and from repeated --kafka-config flags. Pure."""
+
+from __future__ import annotations
+
+import os
+import re
+
+_RDKAFKA_ENV = re.compile(r"^POSTBOX_RDKAFKA_([A-Z0-9_]+)$")
+
+
+def rdkafka_from_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """librdkafka properties from POSTBOX_RDKAFKA_<NAME>, dots written as underscores.
+
+    POSTBOX_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL  ->  security.protocol=SASL_SSL
+    """
+    environ = dict(os.environ) if environ is None else environ
+    found = {}
+    for name, value in environ.items():
+        match = _RDKAFKA_ENV.match(name)
+        if match:
+            found[match.group(1).lower().replace("_", ".")] = value
+    return found
+
+
+def parse_kafka_config(pairs: list[str]) -> dict[str, str]:
+    """`key=value` strings (the repeated --kafka-config flag) to a dict."""
+    config = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--kafka-config: {pair!r} is not key=value")
+        config[key.strip()] = value
+    return config
+
+
+def kafka_config_from(flags: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment's properties, overridden by the flags'."""
+    return {**rdkafka_from_env(environ), **parse_kafka_config(flags)}
