@@ -89,6 +89,7 @@ class Relay:
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
         self._leases_lost_counted = 0
+        self._failed_batches = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -332,7 +333,11 @@ class Relay:
             seconds=round(seconds, 4),
         )
         if outcome.retried and not outcome.published:
-            self._sleep(backoff_delay(3))  # the broker is struggling: give it room before the next claim
+            # Nothing got through: the broker is struggling. Back off longer after each such batch.
+            self._failed_batches += 1
+            self._sleep(backoff_delay(self._failed_batches))
+        else:
+            self._failed_batches = 0
 
     def _maybe_prune(self) -> None:
         retention = self.settings.prune_retention
