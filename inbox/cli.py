@@ -44,6 +44,90 @@ def add_inbox_commands(commands: Any) -> None:
     )
     consume.set_defaults(handler=_cmd_consume)
 
+    serve = sub.add_parser("serve", help="the webhook receiver: POST /webhooks/{provider} (until SIGTERM)")
+    add_database_options(serve)
+    env_flag(serve, "--host", "POSTBOX_WEBHOOK_HOST", "address to listen on", default="0.0.0.0")  # noqa: S104
+    env_flag(serve, "--port", "POSTBOX_WEBHOOK_PORT", "port for the webhook routes", type=int, default=8080)
+    env_flag(
+        serve,
+        "--max-body-bytes",
+        "POSTBOX_WEBHOOK_MAX_BODY_BYTES",
+        "larger bodies get 413",
+        type=int,
+        default=1 << 20,
+    )
+    env_flag(serve, "--pool-size", "POSTBOX_WEBHOOK_POOL_SIZE", "database connections", type=int, default=10)
+    env_flag(
+        serve,
+        "--metrics-address",
+        "POSTBOX_METRICS_ADDRESS",
+        "host:port for /metrics (not the webhook port; off when unset)",
+    )
+    serve.set_defaults(handler=_cmd_serve)
+
+    work = sub.add_parser("work", help="process the webhook inbox with your handlers (until SIGTERM)")
+    add_database_options(work, schema_default=None)
+    env_flag(work, "--app", "POSTBOX_WEBHOOK_APP", "your handlers: module:attribute naming a Webhooks")
+    env_flag(work, "--batch-size", "POSTBOX_BATCH_SIZE", "events claimed at a time", type=int, default=20)
+    env_flag(
+        work,
+        "--poll-interval",
+        "POSTBOX_POLL_INTERVAL",
+        "seconds between polls when idle",
+        type=float,
+        default=0.5,
+    )
+    env_flag(
+        work,
+        "--reap-interval",
+        "POSTBOX_REAP_INTERVAL",
+        "seconds between reaper runs",
+        type=float,
+        default=10.0,
+    )
+    work.set_defaults(handler=_cmd_work)
+
+    reconcile = sub.add_parser(
+        "reconcile", help="re-fetch recent events from a provider's API into the inbox"
+    )
+    add_database_options(reconcile)
+    env_flag(
+        reconcile,
+        "--app",
+        "POSTBOX_RECONCILER",
+        "module:attribute naming a Reconciler (or a function returning one)",
+    )
+    env_flag(
+        reconcile,
+        "--since",
+        "POSTBOX_RECONCILE_SINCE",
+        "how far back to look",
+        type=duration,
+        default=duration("3d"),
+    )
+    env_flag(
+        reconcile,
+        "--every",
+        "POSTBOX_RECONCILE_EVERY",
+        "repeat on this schedule (once when unset)",
+        type=duration,
+    )
+    reconcile.set_defaults(handler=_cmd_reconcile)
+
+    prune_hooks = sub.add_parser(
+        "prune-webhooks", help="delete processed webhook rows older than a retention"
+    )
+    add_database_options(prune_hooks)
+    env_flag(
+        prune_hooks,
+        "--older-than",
+        "POSTBOX_WEBHOOK_RETENTION",
+        "retention (keep it past the providers' replay windows)",
+        type=duration,
+        default=duration("60d"),
+    )
+    prune_hooks.set_defaults(handler=_cmd_prune_webhooks)
+
     prune = sub.add_parser("prune", help="delete inbox rows older than a retention, in small batches")
     add_database_options(prune)
     env_flag(
@@ -116,4 +200,118 @@ def _cmd_prune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     with connect(args.database_url, args.schema) as conn:
         deleted = prune_inbox(conn, args.older_than)
     print(f"pruned {deleted} inbox rows older than {args.older_than}")
+    return 0
+
+
+def _graceful_server_class() -> Any:
+    import uvicorn  # noqa: PLC0415
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by the signal;
+        postbox daemons exit 0 after a clean stop. (It clears uvicorn's private list of captured signals,
+        so a test checks the exit code.)"""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return GracefulServer
+
+
+def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    import uvicorn  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
+
+    from inbox.webhooks.config import providers_from_env  # noqa: PLC0415
+    from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver  # noqa: PLC0415
+    from relay.core.ops_http import OpsServer  # noqa: PLC0415
+
+    try:
+        providers = providers_from_env()
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.max_body_bytes < 1024:
+        parser.error("--max-body-bytes (POSTBOX_WEBHOOK_MAX_BODY_BYTES) must be at least 1024")
+    registry = CollectorRegistry()
+    # open=False: the pool opens in the app's lifespan, inside uvicorn's event loop. A database that is
+    # down at start is not fatal: requests answer 503 until it is back.
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        args.database_url,
+        min_size=1,
+        max_size=args.pool_size,
+        open=False,
+        timeout=5.0,
+        kwargs={"application_name": "postbox-webhooks"},
+    )
+    app = WebhookReceiver(providers, pool, args.schema, ReceiverMetrics(registry), args.max_body_bytes)
+    ops = None
+    if args.metrics_address:
+        host, _, port = args.metrics_address.rpartition(":")
+        ops = OpsServer(host, int(port), registry, lambda: (True, "ok"), lambda: (True, "ok")).start()
+    try:
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, lifespan="on", access_log=False, log_level="warning"
+        )
+        _graceful_server_class()(config).run()
+    finally:
+        if ops is not None:
+            ops.stop()
+    return 0
+
+
+def _cmd_work(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "app", "database_url")
+    from inbox.webhooks.worker import Webhooks, WebhookWorker  # noqa: PLC0415
+
+    try:
+        hooks = load_app(args.app)
+        if not isinstance(hooks, Webhooks):
+            raise ValueError(
+                f"--app {args.app!r} is a {type(hooks).__name__}, not an inbox.webhooks.Webhooks"
+            )
+    except (ValueError, ImportError) as exc:
+        parser.error(str(exc))
+    if args.schema:
+        hooks.schema = args.schema
+    worker = WebhookWorker(hooks, args.database_url, args.batch_size, args.poll_interval, args.reap_interval)
+    worker.install_signal_handlers()
+    return worker.run()
+
+
+def _cmd_reconcile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "app", "database_url")
+    import time  # noqa: PLC0415
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from inbox.webhooks.reconcile import reconcile  # noqa: PLC0415
+    from relay.core.db import connect  # noqa: PLC0415
+
+    try:
+        target = load_app(args.app)
+        reconciler = target() if callable(target) and not hasattr(target, "recent_events") else target
+    except (ValueError, ImportError) as exc:
+        parser.error(str(exc))
+    while True:
+        since = datetime.now(UTC) - args.since
+        with connect(args.database_url, args.schema) as conn:
+            seen, new = reconcile(conn, reconciler, since)
+        print(
+            f"reconciled {reconciler.provider}: {seen} events since {since:%Y-%m-%d %H:%M:%S}Z, {new} new",
+            flush=True,
+        )
+        if args.every is None:
+            return 0
+        time.sleep(args.every.total_seconds())
+
+
+def _cmd_prune_webhooks(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    from inbox.webhooks.store import prune_webhooks  # noqa: PLC0415
+    from relay.core.db import connect  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema) as conn:
+        deleted = prune_webhooks(conn, args.older_than)
+    print(f"pruned {deleted} webhook rows older than {args.older_than}")
     return 0

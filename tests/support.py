@@ -299,3 +299,89 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the future resolves
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+STRIPE_SECRET = "whsec_postbox_tests"
+SHOPIFY_SECRET = "shpss_postbox_tests"
+MARQETA_AUTH = ("marqeta-user", "marqeta-password")
+MARQETA_SECRET = "marqeta-signing-secret"
+
+
+class ReceiverProcess:
+    """`postbox inbox serve` (uvicorn) as a real child process, with the test providers configured."""
+
+    def __init__(self, database_url: str, schema: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(f"/tmp/postbox-test-receiver-{self.port}.log")
+        self._log = self.log_path.open("ab")
+        env = {
+            **os.environ,
+            "POSTBOX_STRIPE_SECRETS": STRIPE_SECRET,
+            "POSTBOX_SHOPIFY_SECRETS": SHOPIFY_SECRET,
+            "POSTBOX_MARQETA_USERNAME": MARQETA_AUTH[0],
+            "POSTBOX_MARQETA_PASSWORD": MARQETA_AUTH[1],
+            "POSTBOX_MARQETA_SECRET": MARQETA_SECRET,
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "--log-format",
+            "json",
+            "inbox",
+            "serve",
+            "--database-url",
+            database_url,
+            "--schema",
+            schema,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *extra,
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=env
+        )
+        wait_until(lambda: self.process.poll() is not None or self._answers(), 30, what="the receiver")
+        assert self.process.poll() is None, self.log_path.read_text()
+
+    def _answers(self) -> bool:
+        import urllib.request  # noqa: PLC0415
+
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def post(self, provider: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+        import json  # noqa: PLC0415
+        import urllib.error  # noqa: PLC0415
+        import urllib.request  # noqa: PLC0415
+
+        request = urllib.request.Request(
+            f"{self.url}/webhooks/{provider}",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", **headers},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+    def __enter__(self) -> ReceiverProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()

@@ -165,6 +165,13 @@ class LocalPostgres:
         self._run("pg_ctl", "stop", "-m", "immediate", "-D", str(self.data_dir))
         self._pg_ctl_start()
 
+    def crash(self) -> None:
+        """Stop at once, without a checkpoint; `start_again` brings it back on the same port and data."""
+        self._run("pg_ctl", "stop", "-m", "immediate", "-D", str(self.data_dir))
+
+    def start_again(self) -> None:
+        self._pg_ctl_start()
+
     def stop(self, remove: bool = True) -> None:
         if (self.data_dir / "postmaster.pid").exists():
             # A server that is already gone has nothing left to stop.

@@ -1,0 +1,59 @@
+-- The webhook inbox's SQL, loaded by name (relay.core.sql). search_path selects the schema.
+
+-- name: insert_events
+-- The whole request in one statement: repeats inside a batch, redeliveries and Stripe twins (the partial
+-- unique index on twin_key) are skipped; RETURNING names the rows this request stored.
+INSERT INTO webhook_inbox (provider, event_id, event_type, payload, headers, twin_key)
+SELECT * FROM unnest(%(providers)s::text[], %(ids)s::text[], %(types)s::text[], %(payloads)s::jsonb[],
+                     %(headers)s::jsonb[], %(twins)s::text[])
+ON CONFLICT DO NOTHING
+RETURNING event_id
+
+-- name: claim_events
+-- Take pending rows nobody else holds, oldest first, and flip them to processing in one statement.
+WITH next AS (
+    SELECT provider, event_id FROM webhook_inbox
+    WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now())
+    ORDER BY received_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE webhook_inbox AS w
+SET status = 'processing', locked_at = now(), attempts = w.attempts + 1
+FROM next
+WHERE w.provider = next.provider AND w.event_id = next.event_id
+RETURNING w.provider, w.event_id, w.event_type, w.payload, w.headers, w.attempts, w.received_at
+
+-- name: mark_done
+-- In the handler's transaction. The attempts check fences a worker whose row the reaper handed to
+-- another: its mark changes nothing, and it rolls its handler's work back.
+UPDATE webhook_inbox SET status = 'done', processed_at = now(), locked_at = NULL, last_error = NULL
+WHERE provider = %(provider)s AND event_id = %(event_id)s AND status = 'processing' AND attempts = %(attempts)s
+
+-- name: mark_failed_attempt
+UPDATE webhook_inbox
+SET status = CASE WHEN %(permanent)s OR attempts >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
+    last_error = %(error)s,
+    locked_at = NULL,
+    not_before = now() + %(retry_in)s::interval
+WHERE provider = %(provider)s AND event_id = %(event_id)s AND status = 'processing' AND attempts = %(attempts)s
+RETURNING status
+
+-- name: reap_stuck
+-- Rows a worker took and never finished (it died or hung): back to pending, or failed once they have
+-- used up their attempts (a poison event that kills its worker every time).
+UPDATE webhook_inbox
+SET status = CASE WHEN attempts >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,
+    last_error = CASE WHEN attempts >= %(max_attempts)s
+                      THEN 'abandoned by its worker ' || attempts || ' times (crash or timeout)'
+                      ELSE coalesce(last_error, 'returned by the reaper') END,
+    locked_at = NULL
+WHERE status = 'processing' AND locked_at < now() - %(visibility)s::interval
+RETURNING provider, event_id, status
+
+-- name: prune_events
+DELETE FROM webhook_inbox
+WHERE ctid IN (
+    SELECT ctid FROM webhook_inbox
+    WHERE received_at < now() - %(retention)s::interval AND status IN ('done', 'failed')
+    LIMIT %(limit)s)

@@ -1,0 +1,175 @@
+"""The webhook receiver: an ASGI app, `POST /webhooks/{provider}`.
+
+In order, and writing nothing until the last step: route; refuse a body over the size limit (413) or of
+the wrong content type (415); verify the signature on the raw body (401); parse (400); insert every event
+of the request in one statement and answer 200 once it is durable. A duplicate also gets 200. The
+database down gets 503 so the provider retries; nothing is half-written because the insert is one
+statement.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
+from inbox.webhooks.store import INSERT_EVENTS, insert_params
+
+log = structlog.get_logger("postbox.webhooks")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class ReceiverMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "postbox_webhook_requests_total",
+            "Webhook requests by provider and outcome",
+            ["provider", "outcome"],
+            registry=registry,
+        )
+        self.events = Counter(
+            "postbox_webhook_events_total",
+            "Webhook events stored or skipped as duplicates",
+            ["provider", "result"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "postbox_webhook_request_duration_seconds",
+            "Receive to answer",
+            ["provider"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+        )
+
+
+@dataclass
+class Reply:
+    status: int
+    body: dict[str, Any]
+
+
+class WebhookReceiver:
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        pool: AsyncConnectionPool[Any],
+        schema: str,
+        metrics: ReceiverMetrics,
+        max_body_bytes: int = 1 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.providers = dict(providers)
+        self.pool = pool
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.clock = clock
+        self._search_path = sql.SQL("SET LOCAL search_path TO {}, public").format(sql.Identifier(schema))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        started = time.perf_counter()
+        provider_name, reply = await self._handle(scope, receive)
+        if provider_name is not None:
+            outcome = "accepted" if reply.status == 200 else str(reply.status)
+            self.metrics.requests.labels(provider_name, outcome).inc()
+            self.metrics.seconds.labels(provider_name).observe(time.perf_counter() - started)
+        body = json.dumps(reply.body).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.pool.open()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.pool.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _handle(self, scope: Scope, receive: Receive) -> tuple[str | None, Reply]:  # noqa: PLR0911  (one exit per gate, in order)
+        path: str = scope["path"]
+        if path in ("/healthz", "/readyz"):
+            return None, Reply(200, {"status": "ok"})
+        prefix, _, name = path.rpartition("/")
+        provider = self.providers.get(name) if prefix == "/webhooks" else None
+        if provider is None:
+            return None, Reply(404, {"error": "no such webhook endpoint"})
+        if scope["method"] != "POST":
+            return name, Reply(405, {"error": "use POST"})
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return name, Reply(413, {"error": f"body over {self.max_body_bytes} bytes"})
+        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            return name, Reply(415, {"error": f"content type must be application/json, got {content_type!r}"})
+        body = await self._read_body(receive)
+        if body is None:
+            return name, Reply(413, {"error": f"body over {self.max_body_bytes} bytes"})
+        try:
+            provider.verify(headers, body, self.clock())
+        except SignatureError as exc:
+            log.warning("webhook_signature_rejected", provider=name, reason=str(exc))
+            return name, Reply(401, {"error": "signature verification failed"})
+        try:
+            events = provider.events(headers, body)
+        except MalformedWebhook as exc:
+            return name, Reply(400, {"error": str(exc)})
+        if not events:
+            return name, Reply(200, {"accepted": 0, "duplicates": 0})
+        try:
+            stored = await self._store(events)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            log.error("webhook_database_unavailable", provider=name, error=str(exc).strip())
+            return name, Reply(503, {"error": "temporarily unavailable, retry later"})
+        duplicates = len(events) - stored
+        self.metrics.events.labels(name, "stored").inc(stored)
+        self.metrics.events.labels(name, "duplicate").inc(duplicates)
+        log.info("webhook_received", provider=name, events=len(events), stored=stored, duplicates=duplicates)
+        return name, Reply(200, {"accepted": stored, "duplicates": duplicates})
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None  # stop reading: a chunked body over the limit is refused as early as possible
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _store(self, events: list[IncomingEvent]) -> int:
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._search_path)
+            cursor = await conn.execute(INSERT_EVENTS, insert_params(events))
+            return len(await cursor.fetchall())

@@ -1,0 +1,53 @@
+"""Writing events into the webhook inbox: the one insert the receiver and reconciliation share."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from inbox.webhooks.providers import IncomingEvent
+from relay.core.sql import query
+
+QUERIES = Path(__file__).with_name("queries.sql")
+INSERT_EVENTS = query(QUERIES, "insert_events")
+# Stripe resends manually for up to 30 days after 3 days of retries; Marqeta retries a little over 12 days.
+DEFAULT_WEBHOOK_RETENTION = timedelta(days=60)
+
+
+def insert_params(events: Sequence[IncomingEvent]) -> dict[str, list[Any]]:
+    return {
+        "providers": [e.provider for e in events],
+        "ids": [e.event_id for e in events],
+        "types": [e.event_type for e in events],
+        "payloads": [json.dumps(e.payload) for e in events],
+        "headers": [json.dumps(e.headers) for e in events],
+        "twins": [e.twin_key for e in events],
+    }
+
+
+def store_events(conn: psycopg.Connection[Any], events: Sequence[IncomingEvent]) -> int:
+    """Insert (deduplicating) in the caller's transaction; returns how many rows were new."""
+    if not events:
+        return 0
+    return len(conn.execute(INSERT_EVENTS, insert_params(events)).fetchall())
+
+
+def prune_webhooks(
+    conn: psycopg.Connection[Any], retention: timedelta = DEFAULT_WEBHOOK_RETENTION, batch_size: int = 5000
+) -> int:
+    """Delete done/failed rows received before `retention` ago, a batch per transaction (pending and
+    processing rows are never deleted)."""
+    deleted = 0
+    while True:
+        with conn.transaction():
+            count = conn.execute(
+                query(QUERIES, "prune_events"), {"retention": retention, "limit": batch_size}
+            ).rowcount
+        deleted += count
+        if count < batch_size:
+            return deleted

@@ -1,0 +1,221 @@
+"""Webhook workers: drain the webhook inbox with FOR UPDATE SKIP LOCKED.
+
+A claim flips up to a batch of pending rows to 'processing' (and counts the attempt) in one statement and
+commits. Each row then gets a transaction of its own in which the registered handler runs and the row is
+marked done; a handler error rolls that work back and records the error, with backoff, until the attempts
+cap ends the row as failed. A worker that dies mid-event leaves its row 'processing'; the reaper (every
+worker runs it) returns such rows after the visibility timeout, and rows that keep killing their worker
+end failed once they have used their attempts.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psycopg
+import structlog
+
+from inbox.handlers import PermanentError
+from relay.core.backoff import backoff_delay
+from relay.core.db import connect
+from relay.core.sql import query
+
+QUERIES = Path(__file__).with_name("queries.sql")
+log = structlog.get_logger("postbox.webhooks.worker")
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    provider: str
+    event_id: str
+    event_type: str
+    payload: Any
+    headers: dict[str, str]
+    attempt: int
+    received_at: datetime
+
+
+WebhookHandler = Callable[[psycopg.Connection[Any], WebhookEvent], None]
+
+
+class Webhooks:
+    """Handlers per provider and event type, e.g.
+
+        hooks = Webhooks()
+
+        @hooks.handler("stripe", "invoice.paid")
+        def paid(tx, event): ...
+
+    `hooks.handler("stripe", "*")` takes the provider's other types. An event with no handler is marked
+    done (and logged), so an unneeded subscription does not pile up.
+    """
+
+    def __init__(
+        self,
+        max_attempts: int = 8,
+        visibility_timeout: float = 300.0,
+        retry_backoff: float = 1.0,
+        schema: str = "postbox",
+    ) -> None:
+        if not 1 <= max_attempts <= 100:
+            raise ValueError(f"max-attempts: {max_attempts} is outside 1..100")
+        self.max_attempts = max_attempts
+        self.visibility_timeout = visibility_timeout
+        self.retry_backoff = retry_backoff
+        self.schema = schema
+        self._handlers: dict[tuple[str, str], WebhookHandler] = {}
+
+    def handler(self, provider: str, event_type: str) -> Callable[[WebhookHandler], WebhookHandler]:
+        def register(function: WebhookHandler) -> WebhookHandler:
+            if (provider, event_type) in self._handlers:
+                raise ValueError(f"a handler for {provider} {event_type!r} is already registered")
+            self._handlers[(provider, event_type)] = function
+            return function
+
+        return register
+
+    def handler_for(self, provider: str, event_type: str) -> WebhookHandler | None:
+        return self._handlers.get((provider, event_type)) or self._handlers.get((provider, "*"))
+
+
+class WebhookWorker:
+    def __init__(
+        self,
+        hooks: Webhooks,
+        database_url: str,
+        batch_size: int = 20,
+        poll_interval: float = 0.5,
+        reap_interval: float = 10.0,
+    ) -> None:
+        self.hooks = hooks
+        self.database_url = database_url
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.reap_interval = reap_interval
+        self._stopping = False
+        self._next_reap = 0.0
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> int:
+        failures = 0
+        conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        log.info("webhook_worker_started", batch_size=self.batch_size)
+        try:
+            while not self._stopping:
+                try:
+                    if conn is None:
+                        conn = connect(
+                            self.database_url, self.hooks.schema, application_name="postbox-webhooks"
+                        )
+                    self._maybe_reap(conn)
+                    done = self.run_once(conn)
+                    failures = 0
+                except psycopg.OperationalError as exc:
+                    failures += 1
+                    log.warning("webhook_worker_database_unavailable", error=str(exc).strip())
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    time.sleep(backoff_delay(failures))
+                    continue
+                if done < self.batch_size:
+                    time.sleep(self.poll_interval)
+        finally:
+            if conn is not None:
+                conn.close()
+        log.info("webhook_worker_stopped")
+        return 0
+
+    def _maybe_reap(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        if time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + self.reap_interval
+        with conn.transaction():
+            rows = conn.execute(
+                query(QUERIES, "reap_stuck"),
+                {
+                    "visibility": timedelta(seconds=self.hooks.visibility_timeout),
+                    "max_attempts": self.hooks.max_attempts,
+                },
+            ).fetchall()
+        for provider, event_id, status in rows:
+            log.warning("webhook_event_reaped", provider=provider, event_id=event_id, now=status)
+
+    def run_once(self, conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+        """Claim a batch and process each event; returns how many were claimed."""
+        with conn.transaction():
+            claimed = [
+                WebhookEvent(*row)
+                for row in conn.execute(query(QUERIES, "claim_events"), {"limit": self.batch_size}).fetchall()
+            ]
+        for event in claimed:
+            if self._stopping:
+                break  # the rest stay 'processing' and come back through the reaper; none is lost
+            self._process(conn, event)
+        return len(claimed)
+
+    def _process(self, conn: psycopg.Connection[tuple[Any, ...]], event: WebhookEvent) -> None:
+        key = {"provider": event.provider, "event_id": event.event_id, "attempts": event.attempt}
+        handler = self.hooks.handler_for(event.provider, event.event_type)
+        try:
+            with conn.transaction():
+                if handler is None:
+                    log.info("webhook_event_unhandled", provider=event.provider, event_type=event.event_type)
+                else:
+                    handler(conn, event)
+                if conn.execute(query(QUERIES, "mark_done"), key).rowcount != 1:
+                    # The reaper gave this row to another worker meanwhile: undo ours, theirs stands.
+                    raise _Fenced
+        except _Fenced:
+            log.warning("webhook_event_fenced", provider=event.provider, event_id=event.event_id)
+            return
+        except Exception as exc:
+            if conn.broken or isinstance(exc, psycopg.OperationalError):
+                raise
+            permanent = isinstance(exc, PermanentError)
+            reason = f"{type(exc).__name__}: {exc}"[:2000]
+            with conn.transaction():
+                row = conn.execute(
+                    query(QUERIES, "mark_failed_attempt"),
+                    {
+                        **key,
+                        "permanent": permanent,
+                        "error": reason,
+                        "max_attempts": self.hooks.max_attempts,
+                        "retry_in": timedelta(
+                            seconds=backoff_delay(event.attempt, base=self.hooks.retry_backoff, cap=300)
+                        ),
+                    },
+                ).fetchone()
+            status = row[0] if row else "fenced"
+            log.warning(
+                "webhook_event_failed",
+                provider=event.provider,
+                event_id=event.event_id,
+                event_type=event.event_type,
+                attempt=event.attempt,
+                now=status,
+                error=reason,
+            )
+            return
+        log.debug("webhook_event_done", provider=event.provider, event_id=event.event_id)
+
+
+class _Fenced(Exception):
+    pass
