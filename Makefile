@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint format unit integration clean
+.PHONY: install tools demo test lint format unit integration clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Servers and tools the tests drive that are not Python packages: Java and Maven (the Kafka broker),
+# Prometheus and promtool (the ops checks). Installed from Debian's packages when missing and run as root;
+# otherwise the script says what to install.
+tools:
+	deploy/local/ensure-tools
+
 demo: install
+	@command -v java >/dev/null && command -v mvn >/dev/null || deploy/local/ensure-tools
 	$(BIN)/postbox dev demo
 
 lint: install
@@ -35,7 +42,7 @@ integration: install
 	$(BIN)/pytest tests/integration
 
 # Quality gates first, then every test (unit, then integration against real servers the fixtures start).
-test: lint
+test: tools lint
 	$(BIN)/pytest
 
 clean:

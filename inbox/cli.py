@@ -85,6 +85,12 @@ def add_inbox_commands(commands: Any) -> None:
         type=float,
         default=10.0,
     )
+    env_flag(
+        work,
+        "--metrics-address",
+        "POSTBOX_METRICS_ADDRESS",
+        "host:port for /metrics, /healthz, /readyz (off when unset)",
+    )
     work.set_defaults(handler=_cmd_work)
 
     reconcile = sub.add_parser(
@@ -160,7 +166,7 @@ def _cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     from inbox.handlers import Inbox  # noqa: PLC0415
     from inbox.metrics import InboxMetrics  # noqa: PLC0415
     from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
-    from relay.core.ops_http import OpsServer  # noqa: PLC0415
+    from relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
         app = load_app(args.app)
@@ -181,15 +187,8 @@ def _cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     registry = CollectorRegistry()
     consumer = InboxConsumer(app, settings, InboxMetrics(registry))
     consumer.install_signal_handlers()
-    ops = None
-    if args.metrics_address:
-        host, _, port = args.metrics_address.rpartition(":")
-        ops = OpsServer(host, int(port), registry, consumer.healthy, consumer.ready).start()
-    try:
+    with serving(args.metrics_address, registry, consumer.healthy, consumer.ready):
         return consumer.run()
-    finally:
-        if ops is not None:
-            ops.stop()
 
 
 def _cmd_prune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -226,7 +225,7 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     from inbox.webhooks.config import providers_from_env  # noqa: PLC0415
     from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver  # noqa: PLC0415
-    from relay.core.ops_http import OpsServer  # noqa: PLC0415
+    from relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
         providers = providers_from_env()
@@ -246,18 +245,12 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         kwargs={"application_name": "postbox-webhooks"},
     )
     app = WebhookReceiver(providers, pool, args.schema, ReceiverMetrics(registry), args.max_body_bytes)
-    ops = None
-    if args.metrics_address:
-        host, _, port = args.metrics_address.rpartition(":")
-        ops = OpsServer(host, int(port), registry, lambda: (True, "ok"), lambda: (True, "ok")).start()
-    try:
-        config = uvicorn.Config(
-            app, host=args.host, port=args.port, lifespan="on", access_log=False, log_level="warning"
-        )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, lifespan="on", access_log=False, log_level="warning"
+    )
+    # /metrics on its own port; the receiver answers /healthz and /readyz on the webhook port itself.
+    with serving(args.metrics_address, registry, lambda: (True, "ok"), lambda: (True, "ok")):
         _graceful_server_class()(config).run()
-    finally:
-        if ops is not None:
-            ops.stop()
     return 0
 
 
@@ -275,9 +268,23 @@ def _cmd_work(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     if args.schema:
         hooks.schema = args.schema
-    worker = WebhookWorker(hooks, args.database_url, args.batch_size, args.poll_interval, args.reap_interval)
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from inbox.webhooks.worker import WorkerMetrics  # noqa: PLC0415
+    from relay.core.ops_http import serving  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    worker = WebhookWorker(
+        hooks,
+        args.database_url,
+        args.batch_size,
+        args.poll_interval,
+        args.reap_interval,
+        WorkerMetrics(registry),
+    )
     worker.install_signal_handlers()
-    return worker.run()
+    with serving(args.metrics_address, registry, worker.healthy, worker.healthy):
+        return worker.run()
 
 
 def _cmd_reconcile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -31,6 +31,7 @@ from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.inbox")
+LAG_INTERVAL = 15.0
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,13 @@ class InboxConsumer:
         consumer.subscribe(self.settings.topics, on_assign=on_assign, on_revoke=on_revoke)
         log.info("inbox_started", consumer=self.inbox.consumer, topics=self.settings.topics)
         failures = 0
+        next_lag = 0.0
         try:
             while not self._stopping:
                 self.last_loop = time.monotonic()
+                if self.last_loop >= next_lag:
+                    next_lag = self.last_loop + LAG_INTERVAL
+                    self._record_lag(consumer)
                 records = consumer.consume(self.settings.batch_size, self.settings.poll_timeout)
                 batch = [r for r in records if self._usable(r)]
                 if not batch:
@@ -161,6 +166,19 @@ class InboxConsumer:
             self._close_db()
         log.info("inbox_stopped", consumer=self.inbox.consumer)
         return 0
+
+    def _record_lag(self, consumer: Consumer) -> None:
+        """Messages between our position and each assigned partition's end (a consumer-lag gauge)."""
+        try:
+            for position in consumer.position(consumer.assignment()):
+                if position.offset < 0:
+                    continue  # nothing consumed yet on this partition
+                _, high = consumer.get_watermark_offsets(position, timeout=2)
+                self.metrics.lag.labels(position.topic, str(position.partition)).set(
+                    max(0, high - position.offset)
+                )
+        except KafkaException as exc:
+            log.warning("inbox_lag_unavailable", error=str(exc))
 
     @staticmethod
     def _usable(record: Any) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class InboxMetrics:
@@ -23,6 +23,12 @@ class InboxMetrics:
         self.retries = Counter(
             "postbox_inbox_handler_retries_total",
             "Handler attempts that failed and were retried",
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "postbox_inbox_consumer_lag_messages",
+            "Messages behind the partition's end",
+            ["topic", "partition"],
             registry=registry,
         )
         self.handler_seconds = Histogram(

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     env = dev_commands.add_parser("env", help="print the connection settings of the running local stack")
     env.set_defaults(handler=_cmd_dev_env)
 
+    config = commands.add_parser("config", help="check the configuration")
+    config_commands = config.add_subparsers(dest="config_command", metavar="CONFIG_COMMAND", required=True)
+    check = config_commands.add_parser(
+        "check",
+        help="validate the POSTBOX_* settings and print them, secrets masked (exit 1 when one is invalid)",
+    )
+    check.set_defaults(handler=_cmd_config_check)
+
     from relay.outbox.cli import add_relay_commands  # noqa: PLC0415
 
     add_relay_commands(commands)
@@ -133,6 +141,54 @@ def _cmd_dev_env(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     for name, value in info.as_env().items():
         print(f"export {name}={value}")
     return 0
+
+
+def _cmd_config_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import os  # noqa: PLC0415
+
+    from relay.core.config_check import environment_lines, run_checks  # noqa: PLC0415
+
+    def relay_settings() -> dict[str, object] | None:
+        if "POSTBOX_KAFKA_BOOTSTRAP" not in os.environ:
+            return None
+        from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
+        from relay.outbox.settings import RelaySettings  # noqa: PLC0415
+
+        run_args = build_parser().parse_args(["relay", "run"])
+        settings = RelaySettings(
+            database_url=run_args.database_url or "",
+            kafka_bootstrap=run_args.kafka_bootstrap or "",
+            schema=run_args.schema,
+            batch_size=run_args.batch_size,
+            lease_ttl=run_args.lease_ttl,
+            delivery_timeout=run_args.delivery_timeout,
+            topic_template=run_args.topic_template,
+            kafka_config=kafka_config_from([]),
+        )
+        return {
+            "database_url": settings.database_url,
+            "schema": settings.schema,
+            "batch_size": settings.batch_size,
+            "lease_ttl": settings.lease_ttl,
+            **{f"rdkafka {k}": v for k, v in settings.producer_config().items()},
+        }
+
+    def webhook_providers() -> dict[str, object] | None:
+        from inbox.webhooks.config import providers_from_env  # noqa: PLC0415
+
+        try:
+            providers = providers_from_env()
+        except ValueError as exc:
+            if "no webhook provider is configured" in str(exc):
+                return None
+            raise
+        return {name: type(provider).__name__ for name, provider in providers.items()}
+
+    print("environment:")
+    print("\n".join(environment_lines()) or "  (no POSTBOX_* variables)")
+    lines, ok = run_checks({"relay": relay_settings, "webhook receiver": webhook_providers})
+    print("\n".join(lines))
+    return 0 if ok else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

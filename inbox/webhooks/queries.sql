@@ -51,6 +51,9 @@ SET status = CASE WHEN attempts >= %(max_attempts)s THEN 'failed' ELSE 'pending'
 WHERE status = 'processing' AND locked_at < now() - %(visibility)s::interval
 RETURNING provider, event_id, status
 
+-- name: oldest_pending_age
+SELECT coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8 FROM webhook_inbox WHERE status = 'pending'
+
 -- name: prune_events
 DELETE FROM webhook_inbox
 WHERE ctid IN (

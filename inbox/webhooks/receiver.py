@@ -115,8 +115,10 @@ class WebhookReceiver:
 
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[str | None, Reply]:  # noqa: PLR0911  (one exit per gate, in order)
         path: str = scope["path"]
-        if path in ("/healthz", "/readyz"):
+        if path == "/healthz":
             return None, Reply(200, {"status": "ok"})
+        if path == "/readyz":
+            return None, await self._ready()
         prefix, _, name = path.rpartition("/")
         provider = self.providers.get(name) if prefix == "/webhooks" else None
         if provider is None:
@@ -154,6 +156,15 @@ class WebhookReceiver:
         self.metrics.events.labels(name, "duplicate").inc(duplicates)
         log.info("webhook_received", provider=name, events=len(events), stored=stored, duplicates=duplicates)
         return name, Reply(200, {"accepted": stored, "duplicates": duplicates})
+
+    async def _ready(self) -> Reply:
+        """Ready only while the database answers: a receiver that cannot store must not take traffic."""
+        try:
+            async with self.pool.connection(timeout=2.0) as conn:
+                await conn.execute("SELECT 1")
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            return Reply(503, {"status": "database unavailable", "error": str(exc).strip()[:200]})
+        return Reply(200, {"status": "ok"})
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []

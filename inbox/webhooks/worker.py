@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inbox.handlers import PermanentError
 from relay.core.backoff import backoff_delay
@@ -85,6 +86,25 @@ class Webhooks:
         return self._handlers.get((provider, event_type)) or self._handlers.get((provider, "*"))
 
 
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = registry or CollectorRegistry()
+        self.events = Counter(
+            "postbox_webhook_worker_events_total",
+            "Webhook events a worker finished, by outcome",
+            ["provider", "outcome"],
+            registry=registry,
+        )
+        self.oldest_pending_seconds = Gauge(
+            "postbox_webhook_oldest_pending_age_seconds",
+            "Age of the oldest webhook event waiting for a worker",
+            registry=registry,
+        )
+        self.reaped = Counter(
+            "postbox_webhook_reaped_total", "Events returned by the reaper", registry=registry
+        )
+
+
 class WebhookWorker:
     def __init__(
         self,
@@ -93,8 +113,11 @@ class WebhookWorker:
         batch_size: int = 20,
         poll_interval: float = 0.5,
         reap_interval: float = 10.0,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.hooks = hooks
+        self.metrics = metrics or WorkerMetrics()
+        self.last_loop = time.monotonic()
         self.database_url = database_url
         self.batch_size = batch_size
         self.poll_interval = poll_interval
@@ -104,6 +127,10 @@ class WebhookWorker:
 
     def stop(self) -> None:
         self._stopping = True
+
+    def healthy(self) -> tuple[bool, str]:
+        stalled = time.monotonic() - self.last_loop
+        return stalled < 120, f"worker loop last turned {stalled:.1f}s ago"
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, frame: FrameType | None) -> None:
@@ -118,6 +145,7 @@ class WebhookWorker:
         log.info("webhook_worker_started", batch_size=self.batch_size)
         try:
             while not self._stopping:
+                self.last_loop = time.monotonic()
                 try:
                     if conn is None:
                         conn = connect(
@@ -155,7 +183,11 @@ class WebhookWorker:
                 },
             ).fetchall()
         for provider, event_id, status in rows:
+            self.metrics.reaped.inc()
             log.warning("webhook_event_reaped", provider=provider, event_id=event_id, now=status)
+        oldest = conn.execute(query(QUERIES, "oldest_pending_age")).fetchone()
+        conn.commit()
+        self.metrics.oldest_pending_seconds.set(float(oldest[0]) if oldest else 0.0)
 
     def run_once(self, conn: psycopg.Connection[tuple[Any, ...]]) -> int:
         """Claim a batch and process each event; returns how many were claimed."""
@@ -183,6 +215,7 @@ class WebhookWorker:
                     # The reaper gave this row to another worker meanwhile: undo ours, theirs stands.
                     raise _Fenced
         except _Fenced:
+            self.metrics.events.labels(event.provider, "fenced").inc()
             log.warning("webhook_event_fenced", provider=event.provider, event_id=event.event_id)
             return
         except Exception as exc:
@@ -204,6 +237,7 @@ class WebhookWorker:
                     },
                 ).fetchone()
             status = row[0] if row else "fenced"
+            self.metrics.events.labels(event.provider, "failed" if status == "failed" else "retry").inc()
             log.warning(
                 "webhook_event_failed",
                 provider=event.provider,
@@ -214,6 +248,7 @@ class WebhookWorker:
                 error=reason,
             )
             return
+        self.metrics.events.labels(event.provider, "done").inc()
         log.debug("webhook_event_done", provider=event.provider, event_id=event.event_id)
 
 

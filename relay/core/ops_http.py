@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -53,3 +54,19 @@ class OpsServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+@contextmanager
+def serving(address: str | None, registry: CollectorRegistry, healthy: Check, ready: Check) -> Iterator[None]:
+    """/metrics, /healthz and /readyz on `address` (host:port) for the life of the block; nothing if None."""
+    if not address:
+        yield
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise SystemExit(f"postbox: --metrics-address {address!r} is not host:port")
+    server = OpsServer(host or "0.0.0.0", int(port), registry, healthy, ready).start()  # noqa: S104
+    try:
+        yield
+    finally:
+        server.stop()

@@ -160,16 +160,15 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
 
 def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     settings = _settings(args, parser)
-    host, _, port = args.metrics_address.rpartition(":")
-    if not port.isdigit():
+    if not args.metrics_address.rpartition(":")[2].isdigit():
         parser.error(f"--metrics-address {args.metrics_address!r} is not host:port")
     import structlog  # noqa: PLC0415
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from relay.core.db import connect  # noqa: PLC0415
-    from relay.core.ops_http import OpsServer  # noqa: PLC0415
+    from relay.core.ops_http import serving  # noqa: PLC0415
     from relay.outbox.daemon import FatalRelayError, Relay  # noqa: PLC0415
-    from relay.outbox.metrics import RelayMetrics  # noqa: PLC0415
+    from relay.outbox.metrics import RelayMetrics, record_librdkafka_statistics  # noqa: PLC0415
     from relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
 
     log = structlog.get_logger("postbox.relay")
@@ -187,21 +186,23 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
 
     registry = CollectorRegistry()
+    metrics = RelayMetrics(registry)
     try:
-        publisher = KafkaPublisher(settings.producer_config())
+        publisher = KafkaPublisher(
+            settings.producer_config(),
+            on_statistics=lambda stats: record_librdkafka_statistics(metrics, stats),
+        )
     except Exception as exc:  # noqa: BLE001  (librdkafka rejects bad properties here; name them)
         parser.error(f"kafka-config: {exc}")
-    relay = Relay(settings, publisher, RelayMetrics(registry), connect_db)
+    relay = Relay(settings, publisher, metrics, connect_db)
     relay.install_signal_handlers()
-    ops = OpsServer(host or "0.0.0.0", int(port), registry, relay.healthy, relay.ready).start()  # noqa: S104
-    log.info("relay_ops_listening", address=f"{host}:{ops.port}")
-    try:
-        return relay.run()
-    except FatalRelayError as exc:
-        log.error("relay_fatal", error=str(exc))
-        return 3
-    finally:
-        ops.stop()
+    log.info("relay_ops_listening", address=args.metrics_address)
+    with serving(args.metrics_address, registry, relay.healthy, relay.ready):
+        try:
+            return relay.run()
+        except FatalRelayError as exc:
+            log.error("relay_fatal", error=str(exc))
+            return 3
 
 
 def _cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -209,9 +209,11 @@ class Relay:
             self.metrics.shards_owned.set(len(owned))
             self.metrics.leases_lost.inc(self.leases.leases_lost - self._leases_lost_counted)
             self._leases_lost_counted = self.leases.leases_lost
+            self._refresh_backlog_gauges()
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
             self._recheck_blocked_topics()
         self._maybe_prune()
+        self.metrics.ready.set(1 if self.ready()[0] else 0)
         if not self.leases.owned:
             return False
         return self.run_batch() >= self.settings.batch_size
@@ -302,10 +304,14 @@ class Relay:
     def _record(self, rows: list[OutboxRow], outcome: BatchOutcome, marked: int, seconds: float) -> None:
         template = self.settings.topic_template
         by_id = {row.id: row for row in rows}
+        acked_at = time.time()
         for row_outcome in outcome.rows:
-            topic = topic_for(by_id[row_outcome.row_id], template)
+            row = by_id[row_outcome.row_id]
+            topic = topic_for(row, template)
             if row_outcome.state == "published":
                 self.metrics.published.labels(topic).inc()
+                # Wall clock against the database's created_at: comparable while the clocks are in sync.
+                self.metrics.commit_to_ack.observe(max(0.0, acked_at - row.created_epoch))
             elif row_outcome.state == "failed":
                 self.metrics.parked.labels(topic).inc()
                 log.error(
@@ -338,6 +344,14 @@ class Relay:
             self._sleep(backoff_delay(self._failed_batches))
         else:
             self._failed_batches = 0
+
+    def _refresh_backlog_gauges(self) -> None:
+        assert self._lease_conn is not None
+        current = admin.status(self._lease_conn)
+        self.metrics.backlog_rows.set(current.backlog)
+        self.metrics.oldest_pending_seconds.set(current.oldest_pending_seconds)
+        self.metrics.parked_rows.set(current.parked)
+        self.metrics.unowned_shards.set(current.unowned_shards)
 
     def _maybe_prune(self) -> None:
         retention = self.settings.prune_retention

@@ -38,14 +38,64 @@ class RelayMetrics:
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+        self.ready = Gauge("postbox_relay_ready", "1 while /readyz would answer 200", registry=registry)
         self.shards_owned = Gauge(
             "postbox_relay_shards_owned", "Outbox shards this replica holds", registry=registry
         )
         self.leases_lost = Counter(
             "postbox_relay_leases_lost_total", "Shard leases that expired while held", registry=registry
         )
+        self.commit_to_ack = Histogram(
+            "postbox_relay_commit_to_ack_seconds",
+            "From the writing transaction (created_at) to the broker's acknowledgement",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.backlog_rows = Gauge(
+            "postbox_relay_backlog_rows", "Outbox rows waiting to be published", registry=registry
+        )
+        self.oldest_pending_seconds = Gauge(
+            "postbox_relay_oldest_pending_age_seconds",
+            "Age of the oldest unpublished outbox row",
+            registry=registry,
+        )
+        self.parked_rows = Gauge(
+            "postbox_relay_parked_rows", "Outbox rows parked as failed", registry=registry
+        )
+        self.unowned_shards = Gauge(
+            "postbox_relay_unowned_shards", "Shards no live replica holds a lease on", registry=registry
+        )
+        self.producer_queue_messages = Gauge(
+            "postbox_relay_producer_queue_messages",
+            "Messages in librdkafka's queue (statistics msg_cnt)",
+            registry=registry,
+        )
+        self.broker_rtt_seconds = Gauge(
+            "postbox_relay_broker_rtt_seconds",
+            "Average produce round trip to each broker (librdkafka statistics)",
+            ["broker"],
+            registry=registry,
+        )
+        self.producer_retries = Gauge(
+            "postbox_relay_producer_retries",
+            "Produce request retries so far (librdkafka statistics txretries)",
+            registry=registry,
+        )
         self.blocked_topics = Gauge(
             "postbox_relay_blocked_topics",
             "Topics held back by a configuration error (unknown, not authorised)",
             registry=registry,
         )
+
+
+def record_librdkafka_statistics(metrics: RelayMetrics, stats_json: str) -> None:
+    """librdkafka's statistics callback payload -> the gauges that matter for an outbox relay."""
+    import json  # noqa: PLC0415
+
+    stats = json.loads(stats_json)
+    metrics.producer_queue_messages.set(stats.get("msg_cnt", 0))
+    metrics.producer_retries.set(stats.get("txretries", 0))
+    for broker in (stats.get("brokers") or {}).values():
+        rtt = (broker.get("rtt") or {}).get("avg", 0)
+        if broker.get("nodeid", -1) >= 0:  # skip bootstrap placeholders
+            metrics.broker_rtt_seconds.labels(str(broker["nodeid"])).set(rtt / 1_000_000)

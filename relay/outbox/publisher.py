@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -37,11 +37,19 @@ class Publisher(Protocol):
 
 
 class KafkaPublisher:
-    def __init__(self, config: dict[str, str | int | float | bool], topic_wait: float = 10.0) -> None:
+    def __init__(
+        self,
+        config: dict[str, str | int | float | bool],
+        topic_wait: float = 10.0,
+        on_statistics: Callable[[str], None] | None = None,
+    ) -> None:
         self._fatal: str | None = None
         self._topic_wait = topic_wait
         self._delivery_timeout = float(config.get("message.timeout.ms", 300_000)) / 1000
-        self._producer = Producer({**config, "error_cb": self._on_error})
+        callbacks: dict[str, Any] = {"error_cb": self._on_error}
+        if on_statistics is not None:
+            callbacks["stats_cb"] = on_statistics
+        self._producer = Producer({**config, **callbacks})
 
     def _on_error(self, error: KafkaError) -> None:
         # Transient broker errors arrive here too (librdkafka retries them itself); only fatal ones matter.

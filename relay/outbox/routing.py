@@ -32,6 +32,7 @@ class OutboxRow:
     headers: dict[str, object]
     topic: str | None
     shard: int
+    created_epoch: float = 0.0  # the writing transaction's start (created_at), for latency metrics
 
 
 @dataclass(frozen=True, slots=True)

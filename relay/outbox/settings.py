@@ -77,7 +77,7 @@ class RelaySettings:
             "compression.type": "lz4",
             "message.timeout.ms": int(self.delivery_timeout * 1000),
             "queue.buffering.max.messages": max(100_000, self.batch_size * 4),
-            "statistics.interval.ms": 0,
+            "statistics.interval.ms": 15_000,  # feeds the queue-depth, round-trip and retry gauges
         }
         config.update(self.kafka_config)
         config.update(_REQUIRED_PRODUCER)

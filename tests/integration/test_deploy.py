@@ -1,0 +1,277 @@
+"""deploy/ checked with the real tools: Kubernetes schemas (offline), promtool, a real Prometheus server,
+a wheel build, and PostgreSQL enforcing the least-privilege roles."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from inbox.metrics import InboxMetrics
+from inbox.webhooks.receiver import ReceiverMetrics
+from inbox.webhooks.worker import WorkerMetrics
+from relay.core.migrate import migrate
+from relay.devstack.ports import free_port
+from relay.outbox import enqueue
+from relay.outbox.metrics import RelayMetrics
+from tests.servers import Servers
+from tests.support import REPO, RelayProcess, outbox_states, wait_until
+
+BASE = REPO / "deploy" / "kubernetes" / "base"
+BUILT_IN = {
+    "Namespace",
+    "ServiceAccount",
+    "ConfigMap",
+    "Secret",
+    "Job",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+}
+
+
+def documents() -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in sorted(BASE.glob("*.yaml")):
+        found += [(path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return found
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    assert found, f"{name} is needed for this test (make test installs it)"
+    return found
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    listed = set(yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+def test_built_in_manifests_validate_strictly_against_the_kubernetes_schemas() -> None:
+    files = sorted({str(path) for path, doc in documents() if doc["kind"] in BUILT_IN})
+    result = subprocess.run(
+        [tool("kubernetes-validate"), "--strict", "--quiet", *files],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_pod_meets_the_restricted_pod_security_level() -> None:
+    pods = [
+        (path, doc["spec"]["template"]["spec"])
+        for path, doc in documents()
+        if doc["kind"] in ("Deployment", "Job")
+    ]
+    assert len(pods) == 5
+    for path, pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True, path
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", path
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, path
+            assert context["readOnlyRootFilesystem"] is True, path
+            assert context["capabilities"]["drop"] == ["ALL"], path
+            assert "limits" in container["resources"], path
+        if path.name != "migrate-job.yaml":
+            container = pod["containers"][0]
+            assert {"livenessProbe", "readinessProbe"} <= container.keys(), path
+
+
+def test_the_custom_resources_have_the_fields_the_operator_needs() -> None:
+    by_kind = {doc["kind"]: doc for _, doc in documents()}
+    monitor = by_kind["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    services = {doc["metadata"]["name"] for _, doc in documents() if doc["kind"] == "Service"}
+    assert set(monitor["spec"]["selector"]["matchExpressions"][0]["values"]) == services
+    assert by_kind["PrometheusRule"]["spec"]["groups"]
+
+
+def rules_dir(tmp_path: Path) -> Path:
+    spec = next(doc for _, doc in documents() if doc["kind"] == "PrometheusRule")["spec"]
+    (tmp_path / "alerts.rules.yaml").write_text(yaml.safe_dump(spec))
+    shutil.copy(REPO / "deploy" / "prometheus" / "alerts_test.yaml", tmp_path / "alerts_test.yaml")
+    return tmp_path
+
+
+def test_the_alerts_pass_promtool_and_fire_in_its_unit_tests(tmp_path: Path) -> None:
+    directory = rules_dir(tmp_path)
+    for args in (["check", "rules", "alerts.rules.yaml"], ["test", "rules", "alerts_test.yaml"]):
+        result = subprocess.run(
+            [tool("promtool"), *args], capture_output=True, text=True, cwd=directory, check=False
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def exported_metric_names() -> set[str]:
+    registry = CollectorRegistry()
+    RelayMetrics(registry)
+    InboxMetrics(registry)
+    ReceiverMetrics(registry)
+    WorkerMetrics(registry)
+    names = set()
+    for family in registry.collect():
+        names.add(family.name)
+        names |= {sample.name for sample in family.samples}
+        names |= {family.name + suffix for suffix in ("_total", "_bucket", "_sum", "_count")}
+    return names
+
+
+def test_every_metric_the_alerts_and_dashboard_use_is_one_postbox_exports() -> None:
+    used = set()
+    expressions = [
+        rule["expr"]
+        for group in next(doc for _, doc in documents() if doc["kind"] == "PrometheusRule")["spec"]["groups"]
+        for rule in group["rules"]
+    ]
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "postbox-dashboard.json").read_text())
+    expressions += [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    for expression in expressions:
+        used |= set(re.findall(r"\bpostbox_[a-z_]+", expression))
+    assert used, "the expressions name postbox metrics"
+    assert used - exported_metric_names() == set()
+
+
+def test_the_wheel_the_image_installs_carries_the_sql(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        timeout=300,
+    )
+    [wheel] = tmp_path.glob("postbox-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {
+        "relay/schemas/migrations/0001_outbox.sql",
+        "relay/outbox/queries.sql",
+        "inbox/queries.sql",
+        "inbox/webhooks/queries.sql",
+        "relay/devstack/kafka-pom.xml",
+    } <= names
+
+
+def test_the_relay_works_with_only_its_least_privilege_grants(own_postgres: Any, servers: Servers) -> None:
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+    subprocess.run(
+        [
+            tool("psql"),
+            own_postgres.dsn,
+            "-q",
+            "-v",
+            "schema=postbox",
+            "-v",
+            "relay_password='pw'",
+            "-f",
+            str(REPO / "deploy" / "sql" / "roles.sql"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    host_part = own_postgres.dsn.split("@", 1)[1]
+    relay_dsn, writer_dsn = f"postgresql://postbox_relay@{host_part}", own_postgres.dsn
+    with psycopg.connect(writer_dsn) as app:
+        app.execute("CREATE ROLE orders_service LOGIN IN ROLE postbox_writer")
+        app.commit()
+    with psycopg.connect(f"postgresql://orders_service@{host_part}") as app:
+        for i in range(20):
+            enqueue(app, f"least{uuid.uuid4().hex[:4]}", f"a{i}", "E", {"i": i})
+        app.commit()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT count(*) FROM postbox.outbox")
+    with RelayProcess(relay_dsn, servers.kafka_bootstrap, "postbox") as relay:
+        wait_until(
+            lambda: outbox_states(own_postgres.dsn, "postbox") == {"published": 20},
+            60,
+            what="published by the least-privilege relay",
+        )
+        assert relay.terminate() == 0
+    with psycopg.connect(relay_dsn) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("DELETE FROM postbox.outbox")
+
+
+def test_a_real_prometheus_scrapes_a_running_relay_and_promtool_accepts_its_metrics(
+    servers: Servers, schema: str, tmp_path: Path
+) -> None:
+    with psycopg.connect(servers.database_url) as app:
+        enqueue(app, f"prom{uuid.uuid4().hex[:4]}", "a", "E", {"x": 1}, schema=schema)
+        app.commit()
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 1}, 60, what="published"
+        )
+        text = urllib.request.urlopen(f"http://127.0.0.1:{relay.metrics_port}/metrics", timeout=5).read()
+        lint = subprocess.run(
+            [tool("promtool"), "check", "metrics"], input=text, capture_output=True, check=False
+        )
+        assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+        assert lint.stdout.decode() + lint.stderr.decode() == "", "no naming-convention complaints"
+        web_port = free_port()
+        (tmp_path / "prometheus.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "postbox-relay",
+                            "static_configs": [{"targets": [f"127.0.0.1:{relay.metrics_port}"]}],
+                        }
+                    ],
+                }
+            )
+        )
+        prometheus = subprocess.Popen(
+            [
+                tool("prometheus"),
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{web_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "prometheus.log").open("wb"),
+        )
+        try:
+
+            def series(expr: str) -> list[dict[str, Any]]:
+                url = f"http://127.0.0.1:{web_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+                try:
+                    reply = json.loads(urllib.request.urlopen(url, timeout=5).read())
+                except OSError:
+                    return []
+                return list(reply["data"]["result"])
+
+            wait_until(
+                lambda: bool(series('up{job="postbox-relay"} == 1')),
+                60,
+                interval=0.5,
+                what="Prometheus scraping the relay",
+            )
+            wait_until(
+                lambda: bool(series("postbox_relay_published_total > 0")),
+                30,
+                interval=0.5,
+                what="the relay's published counter in Prometheus",
+            )
+            assert series("postbox_relay_shards_owned")[0]["value"][1] == "64"
+            assert series("postbox_relay_ready")[0]["value"][1] == "1"
+        finally:
+            prometheus.terminate()
+            prometheus.wait(timeout=30)
+        assert relay.terminate() == 0
