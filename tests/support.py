@@ -165,41 +165,15 @@ def outbox_states(database_url: str, schema: str) -> dict[str, int]:
 
 
 def check_delivery(records: list[Record], written: dict[str, tuple[str, int]]) -> dict[str, int]:
-    """The checker: every written event arrived, duplicates are identical copies, per-key order holds.
+    """Assert the checker finds nothing broken: every committed event arrived, duplicates are identical
+    copies, per-aggregate order holds. Returns counts for the report."""
+    from tests.chaos.checker import check  # noqa: PLC0415
 
-    `written` maps event id -> (aggregate id, sequence number within the aggregate). Order is judged on
-    the first copy of each event, in partition-offset order (an aggregate lives on one partition).
-    Returns counts for the report; raises AssertionError naming what broke.
-    """
-    import json  # noqa: PLC0415
-
-    first: dict[str, Record] = {}
-    duplicates = 0
-    for record in by_offset(records):
-        event_id = record.headers["id"].decode()
-        if event_id in first:
-            duplicates += 1
-            original = first[event_id]
-            assert (record.key, record.value) == (original.key, original.value), (
-                f"duplicate {event_id} differs"
-            )
-            continue
-        first[event_id] = record
-    lost = set(written) - set(first)
-    assert not lost, f"{len(lost)} events lost, e.g. {sorted(lost)[:3]}"
-    unexpected = set(first) - set(written)
-    assert not unexpected, f"{len(unexpected)} events nobody wrote"
-    last_seq: dict[str, int] = {}
-    inversions = []
-    for event_id, record in sorted(first.items(), key=lambda kv: (kv[1].partition, kv[1].offset)):
-        aggregate, seq = written[event_id]
-        assert record.key == aggregate.encode()
-        assert json.loads(record.value or b"")["seq"] == seq
-        if seq <= last_seq.get(aggregate, -1):
-            inversions.append((aggregate, last_seq[aggregate], seq))
-        last_seq[aggregate] = seq
-    assert not inversions, f"per-aggregate order broken: {inversions[:5]}"
-    return {"events": len(written), "duplicates": duplicates}
+    report = check(written, records)
+    assert report.ok, "\n".join(
+        [*report.lines(), f"lost e.g. {report.lost[:3]}", f"inversions e.g. {report.inversions[:5]}"]
+    )
+    return {"events": report.written, "duplicates": report.duplicates}
 
 
 class InboxProcess:

@@ -122,6 +122,11 @@ class Relay:
                     self._ensure_connected()
                     full = self._turn()
                     failures = 0
+                    if self.publisher.fatal_error:
+                        raise FatalRelayError(self.publisher.fatal_error)
+                    if not full:
+                        # Inside the try: the LISTEN session can be cut while we wait, like any other.
+                        self._wait(self.settings.poll_interval)
                 except psycopg.Error as exc:
                     if not self._connection_lost(exc):
                         raise  # a bug or a schema problem: fail loudly rather than loop on it
@@ -132,11 +137,6 @@ class Relay:
                     )
                     self._disconnect()
                     self._sleep(delay)
-                    continue
-                if self.publisher.fatal_error:
-                    raise FatalRelayError(self.publisher.fatal_error)
-                if not full:
-                    self._wait(self.settings.poll_interval)
         finally:
             self._shutdown()
         log.info("relay_stopped", relay_id=self.settings.relay_id)

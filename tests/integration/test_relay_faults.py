@@ -373,3 +373,30 @@ def test_a_paused_replica_loses_its_shards_and_its_return_breaks_no_order(
         assert "relay_leases_lost" in zombie.log() or "relay_database_unavailable" in zombie.log()
     records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
     check_delivery(records, written)
+
+
+def test_an_idle_relay_whose_sessions_are_terminated_reconnects(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Found by the soak: a LISTEN session ended while the relay waited used to crash it."""
+    aggregate_type = f"term{uuid.uuid4().hex[:6]}"
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--poll-interval", "2") as relay:
+        wait_until(lambda: "relay_shards_acquired" in relay.log(), 20, what="the relay up")
+        time.sleep(0.5)  # idle, waiting on NOTIFY
+        ended = db.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (f"postbox-relay {relay.relay_id}",),
+        ).fetchone()
+        assert ended == (3,), "batch, lease and LISTEN sessions"
+        with psycopg.connect(servers.database_url) as app:
+            enqueue(app, aggregate_type, "a", "E", {"seq": 0}, schema=schema)
+            app.commit()
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 1},
+            30,
+            what="published after reconnecting",
+        )
+        assert relay.process.poll() is None
+        assert relay.terminate() == 0
+        assert "relay_database_unavailable" in relay.log()
