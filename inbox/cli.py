@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any
+from typing import Any, TypeVar
 
 from relay.core.cli_options import add_database_options, duration, env_flag, require
+
+T = TypeVar("T")
 
 
 def add_inbox_commands(commands: Any) -> None:
@@ -147,15 +149,21 @@ def add_inbox_commands(commands: Any) -> None:
     prune.set_defaults(handler=_cmd_prune)
 
 
-def load_app(spec: str) -> Any:
+def load_app(spec: str, kind: type[T] | None = None) -> T | Any:
+    """The object `module:attribute` names, checked to be a `kind` when one is given."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"--app {spec!r}: use module:attribute, e.g. billing.handlers:inbox")
     module = importlib.import_module(module_name)
     try:
-        return getattr(module, attribute)
+        found = getattr(module, attribute)
     except AttributeError:
         raise ValueError(f"--app {spec!r}: {module_name} has no attribute {attribute!r}") from None
+    if kind is not None and not isinstance(found, kind):
+        raise ValueError(
+            f"--app {spec!r} is a {type(found).__name__}, not a {kind.__module__}.{kind.__name__}"
+        )
+    return found
 
 
 def _cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -169,9 +177,7 @@ def _cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     from relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
-        app = load_app(args.app)
-        if not isinstance(app, Inbox):
-            raise ValueError(f"--app {args.app!r} is a {type(app).__name__}, not an inbox.Inbox")
+        app = load_app(args.app, Inbox)
         if args.schema:
             app.schema = args.schema
         settings = ConsumerSettings(
@@ -259,11 +265,7 @@ def _cmd_work(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from inbox.webhooks.worker import Webhooks, WebhookWorker  # noqa: PLC0415
 
     try:
-        hooks = load_app(args.app)
-        if not isinstance(hooks, Webhooks):
-            raise ValueError(
-                f"--app {args.app!r} is a {type(hooks).__name__}, not an inbox.webhooks.Webhooks"
-            )
+        hooks = load_app(args.app, Webhooks)
     except (ValueError, ImportError) as exc:
         parser.error(str(exc))
     if args.schema:

@@ -11,11 +11,9 @@ changes nothing.
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import psycopg
@@ -27,6 +25,7 @@ from inbox.message import Message, MessageIdMissing, event_type_of
 from inbox.metrics import InboxMetrics
 from relay.core.backoff import backoff_delay
 from relay.core.db import connect
+from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -90,11 +89,7 @@ class InboxConsumer:
         return self.healthy()
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        stop_on_signals(self.stop)
 
     def _kafka_consumer(self) -> Consumer:
         config: dict[str, Any] = {

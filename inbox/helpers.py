@@ -19,6 +19,7 @@ import psycopg
 from psycopg import errors, sql
 
 from relay.core.backoff import backoff_delay
+from relay.core.batched import delete_in_batches
 from relay.core.db import advisory_key
 from relay.core.sql import query
 
@@ -119,13 +120,6 @@ def prune_inbox(
     Deleting a key forgets it: a replay older than the retention would be applied again. Keep it longer
     than the provider's redelivery window.
     """
-    deleted = batches = 0
-    while max_batches is None or batches < max_batches:
-        with conn.transaction():
-            count = conn.execute(
-                query(QUERIES, "prune_messages"), {"retention": retention, "limit": batch_size}
-            ).rowcount
-        deleted, batches = deleted + count, batches + 1
-        if count < batch_size:
-            return deleted
-    return deleted
+    return delete_in_batches(
+        conn, query(QUERIES, "prune_messages"), {"retention": retention}, batch_size, max_batches
+    )

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -80,48 +81,14 @@ def by_offset(records: list[Record]) -> list[Record]:
 REPO = Path(__file__).resolve().parents[1]
 
 
-class RelayProcess:
-    """`postbox relay run` as a real child process (so SIGKILL and SIGTERM are the real thing)."""
+class ChildProcess:
+    """A `postbox ...` command as a real child process (so SIGKILL, SIGSTOP and SIGTERM are the real thing),
+    its JSON logs in a file under /tmp."""
 
-    def __init__(
-        self,
-        database_url: str,
-        bootstrap: str,
-        schema: str,
-        *extra: str,
-        relay_id: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.relay_id = relay_id or f"relay-{uuid.uuid4().hex[:6]}"
-        self.metrics_port = free_port()
-        self.log_path = Path(f"/tmp/postbox-test-{self.relay_id}.log")
+    def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.log_path = Path(f"/tmp/postbox-test-{name}.log")
         self._log = self.log_path.open("ab")
-        command = [
-            sys.executable,
-            "-m",
-            "relay.cli",
-            "--log-format",
-            "json",
-            "--log-level",
-            "debug",
-            "relay",
-            "run",
-            "--database-url",
-            database_url,
-            "--kafka-bootstrap",
-            bootstrap,
-            "--schema",
-            schema,
-            "--relay-id",
-            self.relay_id,
-            "--metrics-address",
-            f"127.0.0.1:{self.metrics_port}",
-            "--lease-ttl",
-            "3",
-            "--poll-interval",
-            "0.2",
-            *extra,
-        ]
+        command = [sys.executable, "-m", "relay.cli", "--log-format", "json", "--log-level", "debug", *args]
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
         )
@@ -140,12 +107,13 @@ class RelayProcess:
         self.process.send_signal(signal.SIGCONT)
 
     def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM (after SIGCONT, in case it is paused) and its exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout)
 
-    def __enter__(self) -> RelayProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -154,6 +122,45 @@ class RelayProcess:
             self.process.kill()
             self.process.wait(timeout=10)
         self._log.close()
+
+
+class RelayProcess(ChildProcess):
+    """`postbox relay run` with short leases and polls, for tests."""
+
+    def __init__(
+        self,
+        database_url: str,
+        bootstrap: str,
+        schema: str,
+        *extra: str,
+        relay_id: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.relay_id = relay_id or f"relay-{uuid.uuid4().hex[:6]}"
+        self.metrics_port = free_port()
+        super().__init__(
+            self.relay_id,
+            [
+                "relay",
+                "run",
+                "--database-url",
+                database_url,
+                "--kafka-bootstrap",
+                bootstrap,
+                "--schema",
+                schema,
+                "--relay-id",
+                self.relay_id,
+                "--metrics-address",
+                f"127.0.0.1:{self.metrics_port}",
+                "--lease-ttl",
+                "3",
+                "--poll-interval",
+                "0.2",
+                *extra,
+            ],
+            env,
+        )
 
 
 def outbox_states(database_url: str, schema: str) -> dict[str, int]:
@@ -176,8 +183,8 @@ def check_delivery(records: list[Record], written: dict[str, tuple[str, int]]) -
     return {"events": report.written, "duplicates": report.duplicates}
 
 
-class InboxProcess:
-    """`postbox inbox consume` as a real child process."""
+class InboxProcess(ChildProcess):
+    """`postbox inbox consume` with a test app."""
 
     def __init__(
         self,
@@ -189,54 +196,52 @@ class InboxProcess:
         *extra: str,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.name = f"inbox-{uuid.uuid4().hex[:6]}"
-        self.log_path = Path(f"/tmp/postbox-test-{self.name}.log")
-        self._log = self.log_path.open("ab")
-        command = [
-            sys.executable,
-            "-m",
-            "relay.cli",
-            "--log-format",
-            "json",
-            "--log-level",
-            "debug",
-            "inbox",
-            "consume",
-            "--app",
-            app,
-            "--database-url",
-            database_url,
-            "--kafka-bootstrap",
-            bootstrap,
-            "--schema",
-            schema,
-            "--topics",
-            ",".join(topics),
-            # A killed member leaves the group after this (Kafka's default is 45 s).
-            "--kafka-config",
-            "session.timeout.ms=6000",
-            *extra,
-        ]
-        self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+        super().__init__(
+            f"inbox-{uuid.uuid4().hex[:6]}",
+            [
+                "inbox",
+                "consume",
+                "--app",
+                app,
+                "--database-url",
+                database_url,
+                "--kafka-bootstrap",
+                bootstrap,
+                "--schema",
+                schema,
+                "--topics",
+                ",".join(topics),
+                # A killed member leaves the group after this (Kafka's default is 45 s).
+                "--kafka-config",
+                "session.timeout.ms=6000",
+                *extra,
+            ],
+            env,
         )
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
-    def terminate(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=timeout)
+class WorkerProcess(ChildProcess):
+    """`postbox inbox work` with the test webhook app, reaping quickly."""
 
-    def __enter__(self) -> InboxProcess:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self._log.close()
+    def __init__(self, database_url: str, schema: str, env: dict[str, str] | None = None) -> None:
+        super().__init__(
+            f"worker-{uuid.uuid4().hex[:6]}",
+            [
+                "inbox",
+                "work",
+                "--app",
+                "tests.apps.hooks:hooks",
+                "--database-url",
+                database_url,
+                "--schema",
+                schema,
+                "--poll-interval",
+                "0.1",
+                "--reap-interval",
+                "0.5",
+            ],
+            env,
+        )
 
 
 def produce(
@@ -281,45 +286,38 @@ MARQETA_AUTH = ("marqeta-user", "marqeta-password")
 MARQETA_SECRET = "marqeta-signing-secret"
 
 
-class ReceiverProcess:
-    """`postbox inbox serve` (uvicorn) as a real child process, with the test providers configured."""
+class ReceiverProcess(ChildProcess):
+    """`postbox inbox serve` (uvicorn), with the test providers configured, once it answers."""
 
     def __init__(self, database_url: str, schema: str, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(f"/tmp/postbox-test-receiver-{self.port}.log")
-        self._log = self.log_path.open("ab")
         env = {
-            **os.environ,
             "POSTBOX_STRIPE_SECRETS": STRIPE_SECRET,
             "POSTBOX_SHOPIFY_SECRETS": SHOPIFY_SECRET,
             "POSTBOX_MARQETA_USERNAME": MARQETA_AUTH[0],
             "POSTBOX_MARQETA_PASSWORD": MARQETA_AUTH[1],
             "POSTBOX_MARQETA_SECRET": MARQETA_SECRET,
         }
-        command = [
-            sys.executable,
-            "-m",
-            "relay.cli",
-            "--log-format",
-            "json",
-            "inbox",
-            "serve",
-            "--database-url",
-            database_url,
-            "--schema",
-            schema,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *extra,
-        ]
-        self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=env
+        super().__init__(
+            f"receiver-{self.port}",
+            [
+                "inbox",
+                "serve",
+                "--database-url",
+                database_url,
+                "--schema",
+                schema,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *extra,
+            ],
+            env,
         )
         wait_until(lambda: self.process.poll() is not None or self._answers(), 30, what="the receiver")
-        assert self.process.poll() is None, self.log_path.read_text()
+        assert self.process.poll() is None, self.log()
 
     def _answers(self) -> bool:
         import urllib.request  # noqa: PLC0415
@@ -346,16 +344,3 @@ class ReceiverProcess:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read() or b"{}")
-
-    def terminate(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-    def __enter__(self) -> ReceiverProcess:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self._log.close()

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from inbox.webhooks.providers import IncomingEvent
+from relay.core.batched import delete_in_batches
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -42,12 +43,4 @@ def prune_webhooks(
 ) -> int:
     """Delete done/failed rows received before `retention` ago, a batch per transaction (pending and
     processing rows are never deleted)."""
-    deleted = 0
-    while True:
-        with conn.transaction():
-            count = conn.execute(
-                query(QUERIES, "prune_events"), {"retention": retention, "limit": batch_size}
-            ).rowcount
-        deleted += count
-        if count < batch_size:
-            return deleted
+    return delete_in_batches(conn, query(QUERIES, "prune_events"), {"retention": retention}, batch_size)

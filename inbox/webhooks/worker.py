@@ -10,13 +10,11 @@ end failed once they have used their attempts.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import psycopg
@@ -26,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from inbox.handlers import PermanentError
 from relay.core.backoff import backoff_delay
 from relay.core.db import connect
+from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -133,11 +132,7 @@ class WebhookWorker:
         return stalled < 120, f"worker loop last turned {stalled:.1f}s ago"
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        stop_on_signals(self.stop)
 
     def run(self) -> int:
         failures = 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 
+from relay.core.batched import delete_in_batches
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -67,14 +68,6 @@ def prune(
 
     Only rows in state 'published' qualify: a pending or parked row is never deleted.
     """
-    deleted = batches = 0
-    while max_batches is None or batches < max_batches:
-        with conn.transaction():
-            count = conn.execute(
-                query(QUERIES, "prune_batch"), {"retention": retention, "limit": batch_size}
-            ).rowcount
-        deleted += count
-        batches += 1
-        if count < batch_size:
-            break
-    return deleted
+    return delete_in_batches(
+        conn, query(QUERIES, "prune_batch"), {"retention": retention}, batch_size, max_batches
+    )

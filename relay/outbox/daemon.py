@@ -9,13 +9,11 @@ What a crash at each step leaves behind:
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import psycopg
@@ -23,6 +21,7 @@ import structlog
 
 from relay.core.backoff import backoff_delay
 from relay.core.db import advisory_key
+from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 from relay.outbox import admin
 from relay.outbox.errors import Disposition
@@ -100,11 +99,7 @@ class Relay:
         self._stopping = True
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        stop_on_signals(self.stop)
 
     def run(self) -> int:
         """Run until stopped; 0 after a clean stop. Raises FatalRelayError when the producer is broken."""

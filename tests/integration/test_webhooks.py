@@ -6,8 +6,6 @@ import base64
 import hashlib
 import hmac
 import json
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,10 +24,10 @@ from tests.servers import Servers
 from tests.support import (
     MARQETA_AUTH,
     MARQETA_SECRET,
-    REPO,
     SHOPIFY_SECRET,
     STRIPE_SECRET,
     ReceiverProcess,
+    WorkerProcess,
     wait_until,
 )
 
@@ -203,50 +201,6 @@ def test_the_database_down_answers_503_and_the_retry_lands(own_postgres: Any) ->
         assert conn.execute("SELECT count(*) FROM postbox.webhook_inbox").fetchone() == (2,)
 
 
-class Worker:
-    def __init__(self, database_url: str, schema: str, env: dict[str, str] | None = None) -> None:
-        import os  # noqa: PLC0415
-
-        self.log_path = Path(f"/tmp/postbox-test-worker-{uuid.uuid4().hex[:6]}.log")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "relay.cli",
-                "--log-format",
-                "json",
-                "--log-level",
-                "debug",
-                "inbox",
-                "work",
-                "--app",
-                "tests.apps.hooks:hooks",
-                "--database-url",
-                database_url,
-                "--schema",
-                schema,
-                "--poll-interval",
-                "0.1",
-                "--reap-interval",
-                "0.5",
-            ],
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, **(env or {})},
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> int:
-        import signal  # noqa: PLC0415
-
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-
 def applied(db: Conn) -> list[tuple[object, ...]]:
     return db.execute("SELECT event_id, count(*) FROM applied GROUP BY event_id ORDER BY event_id").fetchall()
 
@@ -259,18 +213,18 @@ def test_a_worker_killed_mid_event_leaves_it_to_be_picked_up_again_and_applied_o
     for body in bodies:
         assert receiver.post("stripe", body, stripe_headers(body))[0] == 200
     flag = tmp_path / "crashed"
-    victim = Worker(servers.database_url, schema, env={"HOOKS_CRASH_FLAG": str(flag)})
+    victim = WorkerProcess(servers.database_url, schema, env={"HOOKS_CRASH_FLAG": str(flag)})
     assert victim.process.wait(timeout=30) == -9
     killed_in = flag.read_text()
     state = db.execute("SELECT status FROM webhook_inbox WHERE event_id = %s", (killed_in,)).fetchone()
     assert state == ("processing",), "left behind by the dead worker"
-    survivor = Worker(servers.database_url, schema)
+    survivor = WorkerProcess(servers.database_url, schema)
     try:
         wait_until(
             lambda: len(applied(db)) == 5, 30, what="every event applied, the stuck one after the reaper"
         )
     finally:
-        assert survivor.stop() == 0
+        assert survivor.terminate() == 0
     assert all(count == 1 for _, count in applied(db)), "the killed attempt's write was rolled back"
     assert "webhook_event_reaped" in survivor.log()
     assert db.execute("SELECT attempts FROM webhook_inbox WHERE event_id = %s", (killed_in,)).fetchone() == (
@@ -286,7 +240,7 @@ def test_a_poison_event_ends_failed_after_the_attempts_cap_and_the_rest_flow(
     good = stripe_body()
     for body in (poison, good):
         assert receiver.post("stripe", body, stripe_headers(body))[0] == 200
-    worker = Worker(servers.database_url, schema)
+    worker = WorkerProcess(servers.database_url, schema)
     try:
         wait_until(
             lambda: (
@@ -297,7 +251,7 @@ def test_a_poison_event_ends_failed_after_the_attempts_cap_and_the_rest_flow(
             what="both events settled",
         )
     finally:
-        assert worker.stop() == 0
+        assert worker.terminate() == 0
     poison_id = json.loads(poison)["id"]
     row = db.execute(
         "SELECT status, attempts, last_error FROM webhook_inbox WHERE event_id = %s", (poison_id,)
