@@ -273,11 +273,11 @@ def produce(
     assert not errors, errors
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1) -> None:
     from confluent_kafka.admin import NewTopic  # noqa: PLC0415
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the future resolves
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, partitions, replication)])[topic].result(30)
 
 
 STRIPE_SECRET = "whsec_postbox_tests"

@@ -165,6 +165,9 @@ class LocalKafka:
                 f"transaction.state.log.min.isr={max(1, replication - 1)}",
                 f"auto.create.topics.enable={'true' if self.auto_create_topics else 'false'}",
                 "group.initial.rebalance.delay.ms=0",
+                # A dead node is fenced (and its partitions move) after this; Kafka's 9 s default slows tests.
+                "broker.session.timeout.ms=3000",
+                "broker.heartbeat.interval.ms=500",
                 "",
             ]
         )

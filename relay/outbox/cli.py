@@ -74,6 +74,14 @@ def add_relay_commands(commands: Any) -> None:
     )
     env_flag(
         run,
+        "--prune-interval",
+        "POSTBOX_PRUNE_INTERVAL",
+        "seconds between the daemon's pruning runs (with --prune-retention)",
+        type=float,
+        default=60.0,
+    )
+    env_flag(
+        run,
         "--event-type-header",
         "POSTBOX_EVENT_TYPE_HEADER",
         "also send the event type in this header, e.g. eventType (off: Debezium's exact default format)",
@@ -149,6 +157,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
             delivery_timeout=args.delivery_timeout,
             topic_template=args.topic_template,
             prune_retention=args.prune_retention,
+            prune_interval=args.prune_interval,
             topic_recheck_interval=args.topic_recheck_interval,
             event_type_header=args.event_type_header,
             kafka_config=kafka_config,

@@ -87,7 +87,6 @@ class Relay:
         self._lease_conn: Connection | None = None
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
-        self._leases_lost_counted = 0
         self._failed_batches = 0
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -202,8 +201,7 @@ class Relay:
         if self.leases.due():
             owned = self.leases.tick()
             self.metrics.shards_owned.set(len(owned))
-            self.metrics.leases_lost.inc(self.leases.leases_lost - self._leases_lost_counted)
-            self._leases_lost_counted = self.leases.leases_lost
+            self.metrics.leases_lost.inc(self.leases.lost_in_last_tick)
             self._refresh_backlog_gauges()
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
             self._recheck_blocked_topics()

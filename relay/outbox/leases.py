@@ -26,7 +26,7 @@ class LeaseKeeper:
         self._renew_every = ttl / 3
         self._next_tick = 0.0
         self.owned: frozenset[int] = frozenset()
-        self.leases_lost = 0
+        self.lost_in_last_tick = 0  # shards whose lease expired while we held them, found by the last tick
 
     def _params(self, **extra: object) -> dict[str, object]:
         return {"relay_id": self._relay_id, "ttl": self._ttl, **extra}
@@ -41,8 +41,8 @@ class LeaseKeeper:
         conn.execute(query(QUERIES, "heartbeat"), self._params())
         renewed = {int(str(r[0])) for r in conn.execute(query(QUERIES, "renew_leases"), self._params())}
         lost = self.owned - renewed
+        self.lost_in_last_tick = len(lost)
         if lost:
-            self.leases_lost += len(lost)
             log.warning("relay_leases_lost", shards=sorted(lost))
         for relay_id, sessions in conn.execute(query(QUERIES, "fence_expired_members"), self._params()):
             log.warning(

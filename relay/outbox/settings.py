@@ -55,6 +55,10 @@ class RelaySettings:
             f"relay-id: {self.relay_id!r} must be 1-48 of A-Z a-z 0-9 _ . : - "
             "(it names the relay's sessions in pg_stat_activity)",
         )
+        check(
+            0.1 <= self.prune_interval <= 86_400,
+            f"prune-interval: {self.prune_interval}s is outside 0.1..86400",
+        )
         if self.prune_retention is not None:
             check(self.prune_retention > timedelta(0), "prune-retention: must be positive")
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import threading
 import time
@@ -283,6 +284,13 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     args = parser.parse_args()
+
+    # Started in the background, a process ignores SIGINT; SIGTERM must still stop it with its cleanup
+    # (the servers and child processes it started) run.
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
     report = run_soak(args.duration, args.rate, args.fault_every, args.seed)
     return 0 if report.ok else 1
 

@@ -400,3 +400,58 @@ def test_an_idle_relay_whose_sessions_are_terminated_reconnects(
         assert relay.process.poll() is None
         assert relay.terminate() == 0
         assert "relay_database_unavailable" in relay.log()
+
+
+def test_the_daemon_prunes_published_rows_on_its_schedule_and_never_the_others(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    aggregate_type = f"prune{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(servers.database_url) as app:
+        enqueue_many(
+            app, [OutboxEvent(aggregate_type, f"a{i}", "E", {"seq": i}) for i in range(30)], schema=schema
+        )
+        app.commit()
+    db.execute(
+        "UPDATE outbox SET state = 'failed', last_error = 'parked for the test' WHERE id IN "
+        "(SELECT id FROM outbox ORDER BY id LIMIT 2)"
+    )
+    with RelayProcess(
+        servers.database_url,
+        servers.kafka_bootstrap,
+        schema,
+        "--prune-retention",
+        "1s",
+        "--prune-interval",
+        "1",
+    ) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"failed": 2},
+            60,
+            what="published rows pruned by the daemon, parked ones kept",
+        )
+        assert relay.terminate() == 0
+        assert "relay_pruned" in relay.log()
+
+
+def test_a_relay_that_lost_leases_and_then_its_connection_carries_on(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Found by the soak: after losing leases and then reconnecting, the relay's lost-lease count went
+    negative and the metrics library refused it, ending the process."""
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(lambda: "relay_shards_acquired" in relay.log(), 20, what="the relay up")
+        # Its leases expire under it (as after a long stall), and its next tick counts them lost ...
+        db.execute(
+            "UPDATE outbox_shard_lease SET expires_at = now() - interval '1 second' WHERE owner = %s",
+            (relay.relay_id,),
+        )
+        wait_until(lambda: "relay_leases_lost" in relay.log(), 10, what="the loss noticed")
+        # ... then its database sessions end, and it reconnects with a fresh lease keeper.
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (f"postbox-relay {relay.relay_id}",),
+        )
+        wait_until(lambda: relay.log().count("relay_connected") >= 2, 15, what="reconnected")
+        time.sleep(3)  # several lease ticks with the fresh keeper
+        assert relay.process.poll() is None, relay.log()[-2000:]
+        assert relay.terminate() == 0
