@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,21 +30,46 @@ class OutboxEvent:
     event_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
 
+# In JSON text a NUL is always written as the escape \u0000 (an escaped backslash before it does not count).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _storable_text(name: str, text: str, is_json: bool = False) -> None:
+    """PostgreSQL text and jsonb cannot hold NUL, nor (as UTF-8) a lone surrogate: say so before writing."""
+    if "\x00" in text or (is_json and _JSON_NUL.search(text)):
+        raise PayloadError(f"{name} contains NUL (U+0000), which PostgreSQL cannot store; send bytes instead")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(
+            f"{name} is not valid Unicode ({exc.reason} at {exc.start}); send bytes instead"
+        ) from None
+
+
+def _json(value: object) -> str:
+    # ensure_ascii=False keeps NUL and lone surrogates as characters, where _storable_text finds them;
+    # allow_nan=False: NaN and Infinity are not JSON and jsonb would refuse them.
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
 def _row(event: OutboxEvent) -> tuple[object, ...]:
     for name in ("aggregate_type", "aggregate_id", "event_type"):
         value = getattr(event, name)
         if not isinstance(value, str) or not value:
             raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
+        _storable_text(name, value)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in event.headers.items()):
         raise PayloadError("headers must map str to str")
+    headers_json = _json(dict(event.headers))
+    _storable_text("headers", headers_json, is_json=True)
     if isinstance(event.payload, bytes | bytearray | memoryview):
         payload_json, payload_bytes = None, bytes(event.payload)
     else:
         try:
-            # allow_nan=False: NaN/Infinity are not JSON and PostgreSQL's jsonb would refuse them later.
-            payload_json, payload_bytes = json.dumps(event.payload, allow_nan=False), None
+            payload_json, payload_bytes = _json(event.payload), None
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"payload of {event.event_type} is not JSON-serialisable: {exc}") from exc
+        _storable_text("payload", payload_json, is_json=True)
     return (
         event.event_id,
         event.aggregate_type,
@@ -51,7 +77,7 @@ def _row(event: OutboxEvent) -> tuple[object, ...]:
         event.event_type,
         payload_json,
         payload_bytes,
-        json.dumps(dict(event.headers)),
+        headers_json,
         event.topic,
     )
 

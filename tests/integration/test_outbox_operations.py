@@ -9,6 +9,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from relay.outbox import OutboxEvent, PayloadError, enqueue, enqueue_many
 from relay.outbox.admin import prune, requeue, status
@@ -119,3 +121,28 @@ def test_the_cli_reports_status_and_requeues(servers: Servers, schema: str, db: 
     assert done.stdout.startswith("requeued 1 rows")
     assert db.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone() == (2,)
     uuid.UUID(str(ids[0]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Every category, surrogates included, with NUL and backslash-u0000 look-alikes made likely.
+@given(
+    text=st.lists(
+        st.one_of(st.characters(exclude_categories=()), st.sampled_from(["\x00", "\\u0000", "\\"])),
+        max_size=40,
+    ).map("".join)
+)
+def test_whatever_enqueue_accepts_the_database_stores_unchanged(
+    servers: Servers, schema: str, text: str
+) -> None:
+    event = OutboxEvent("fuzz", text or "x", "E", {"text": text, "nested": [text]}, headers={"h": text})
+    with psycopg.connect(servers.database_url) as app:
+        try:
+            [event_id] = enqueue_many(app, [event], schema=schema)
+        except PayloadError:
+            assert "\x00" in text or any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+            return
+        app.commit()
+        stored = app.execute(
+            f'SELECT aggregate_id, payload, headers FROM "{schema}".outbox WHERE event_id = %s', (event_id,)
+        ).fetchone()
+    assert stored == (text or "x", {"text": text, "nested": [text]}, {"h": text})
