@@ -93,22 +93,29 @@ class KafkaNode:
     port: int
     controller_port: int
     directory: Path
+    host: str = "127.0.0.1"
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 @dataclass
 class LocalKafka:
-    """Kafka nodes on 127.0.0.1; `bootstrap` is what clients need."""
+    """Kafka nodes on `host` (127.0.0.1); `bootstrap` is what clients need.
+
+    `command_prefix` runs the nodes under another command, e.g. `ip netns exec NAME` to put the broker in a
+    network namespace of a test's own (with `host` its address there) so the test can cut its network.
+    """
 
     nodes_count: int = 1
     base_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="postbox-kafka-")))
     auto_create_topics: bool = True
     default_partitions: int = 3
     heap: str = "512m"
+    host: str = "127.0.0.1"
+    command_prefix: list[str] = field(default_factory=list)
     nodes: list[KafkaNode] = field(default_factory=list)
 
     @property
@@ -119,7 +126,7 @@ class LocalKafka:
         libs = resolve_jars()
         self._classpath = f"{libs}/*"
         self.nodes = [
-            KafkaNode(i + 1, free_port(), free_port(), self.base_dir / f"node{i + 1}")
+            KafkaNode(i + 1, free_port(), free_port(), self.base_dir / f"node{i + 1}", self.host)
             for i in range(self.nodes_count)
         ]
         cluster_id = _cluster_id()
@@ -151,8 +158,8 @@ class LocalKafka:
                 "process.roles=broker,controller",
                 f"node.id={node.node_id}",
                 f"controller.quorum.voters={voters}",
-                f"listeners=PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
+                f"listeners=PLAINTEXT://{node.host}:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+                f"advertised.listeners=PLAINTEXT://{node.host}:{node.port}",
                 "controller.listener.names=CONTROLLER",
                 "inter.broker.listener.name=PLAINTEXT",
                 "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -179,6 +186,7 @@ class LocalKafka:
                 "Java 17+ is needed to run the Kafka broker (apt-get install openjdk-17-jre-headless)"
             )
         command = [
+            *self.command_prefix,
             java,
             f"-Xmx{self.heap}",
             f"-Xms{self.heap}",
@@ -207,7 +215,7 @@ class LocalKafka:
 
     def _wait_ready(self, node: KafkaNode, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        if not wait_for_port(node.port, timeout):
+        if not wait_for_port(node.port, timeout, host=node.host):
             raise KafkaStartError(
                 f"Kafka node {node.node_id} did not open port {node.port}: {self._tail(node)}"
             )

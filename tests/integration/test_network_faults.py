@@ -1,0 +1,73 @@
+"""A network partition between the relay and the broker: the broker runs in a network namespace of the
+test's own, and an nftables rule drops everything sent to it for longer than the delivery timeout."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from relay.devstack.kafka import LocalKafka
+from tests.chaos.netns import NetNamespace
+from tests.integration.test_relay_faults import write_sequenced
+from tests.servers import Servers
+from tests.support import RelayProcess, check_delivery, outbox_states, read_topic, wait_until
+
+
+@pytest.fixture
+def partitionable_kafka() -> Iterator[tuple[LocalKafka, NetNamespace]]:
+    namespace = NetNamespace().create()
+    kafka = LocalKafka(host=namespace.ns_ip, command_prefix=namespace.exec_prefix)
+    try:
+        kafka.start()
+        yield kafka, namespace
+    finally:
+        kafka.stop()
+        namespace.destroy()
+
+
+def attempted_pending(database_url: str, schema: str) -> tuple[int, int]:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            f"SELECT count(*), coalesce(min(attempts), 0) FROM \"{schema}\".outbox WHERE state = 'pending'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_a_network_cut_to_the_broker_loses_nothing_and_heals_by_itself(
+    servers: Servers, schema: str, partitionable_kafka: tuple[LocalKafka, NetNamespace]
+) -> None:
+    kafka, namespace = partitionable_kafka
+    aggregate_type = f"cut{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    write_sequenced(servers.database_url, schema, aggregate_type, ["a", "b", "c"], 10, written, 5)
+    with RelayProcess(servers.database_url, kafka.bootstrap, schema, "--delivery-timeout", "3") as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 30}, 60, what="phase 1"
+        )
+        namespace.cut()
+        try:
+            write_sequenced(servers.database_url, schema, aggregate_type, ["d", "e"], 15, written, 6)
+            # Nothing answers, nothing refuses: every row must still be attempted, time out, and stay pending.
+            wait_until(
+                lambda: attempted_pending(servers.database_url, schema)[1] >= 2,
+                60,
+                what="each row attempted twice during the cut",
+            )
+            assert attempted_pending(servers.database_url, schema)[0] == 30
+            assert relay.process.poll() is None
+        finally:
+            namespace.restore()
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 60},
+            90,
+            what="healed without a restart",
+        )
+        time.sleep(1)
+        assert relay.terminate() == 0
+    records = read_topic(kafka.bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
