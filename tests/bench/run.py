@@ -44,6 +44,7 @@ from relay.outbox.daemon import QUERIES
 from tests.support import ChildProcess, create_topic, wait_until
 
 SCHEMA = "postbox"
+WRITERS = 4  # one connection commits at most ~2k single-row transactions/s here (fsync-bound)
 
 
 def payload_of(size: int) -> str:
@@ -92,7 +93,7 @@ def preload(s: Servers, rows: int, payload: str, aggregate_type: str = "order") 
     with psycopg.connect(s.postgres.dsn) as conn:
         conn.execute(
             "INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type, payload) "
-            "SELECT %s, 'o-' || (i % 1000), 'Placed', %s::jsonb FROM generate_series(1, %s) AS i",
+            "SELECT %s, 'o-' || (i %% 1000), 'Placed', %s::jsonb FROM generate_series(1, %s) AS i",
             (aggregate_type, payload, rows),
         )
         conn.commit()
@@ -245,7 +246,8 @@ def bench_drain(s: Servers, rows: int, payload: str, replicas: int) -> tuple[flo
 def bench_latency(s: Servers, rate: float, seconds: float, listen: bool, payload: str) -> list[float]:
     """Milliseconds from each writer commit to a consumer receiving the message."""
     s.fresh_schema()
-    topic = "outbox.event.latency"
+    aggregate_type = f"latency{uuid.uuid4().hex[:6]}"
+    topic = f"outbox.event.{aggregate_type}"
     create_topic(s.kafka.bootstrap, topic, 6)
     relay = BenchRelay(s, () if listen else ("--no-listen",))
     committed: dict[str, float] = {}
@@ -268,16 +270,17 @@ def bench_latency(s: Servers, rate: float, seconds: float, listen: bool, payload
             if message is not None and not message.error():
                 received[dict(message.headers() or [])["id"].decode()] = time.perf_counter()
 
-    def write() -> None:
+    def write(writer: int, writers: int) -> None:
+        # Each of `writers` connections commits one event per transaction at rate / writers.
         with psycopg.connect(s.postgres.dsn) as conn:
-            interval, next_at = 1 / rate, time.perf_counter()
+            interval, next_at = writers / rate, time.perf_counter()
             deadline = next_at + seconds
-            i = 0
+            i = writer
             while time.perf_counter() < deadline:
-                event_id = enqueue(conn, "latency", f"o-{i % 1000}", "Placed", {"pad": payload[:200]})
+                event_id = enqueue(conn, aggregate_type, f"o-{i % 1000}", "Placed", {"pad": payload[:200]})
                 conn.commit()
                 committed[str(event_id)] = time.perf_counter()
-                i += 1
+                i += writers
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.perf_counter()))
 
@@ -286,7 +289,11 @@ def bench_latency(s: Servers, rate: float, seconds: float, listen: bool, payload
         reader = threading.Thread(target=consume)
         reader.start()
         time.sleep(3)  # the consumer joins its group before the clock starts
-        write()
+        writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
+        for thread in writers:
+            thread.start()
+        for thread in writers:
+            thread.join()
         wait_until(lambda: len(received) >= len(committed), 60, interval=0.2, what="every event received")
         stop.set()
         reader.join()
@@ -346,7 +353,7 @@ def main() -> int:
                     f"peak RSS per relay {max(r[1] for r in results):.0f} MB; "
                     f"relay CPU {statistics.median(r[2] for r in results):.1f} s"
                 )
-        say("\n-- steady state, 200-byte payloads, one event per writer transaction --")
+        say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
         for rate in (1000, 5000):
             for listen in (True, False):
                 latencies = bench_latency(s, rate, args.latency_seconds, listen, payload_of(200))
