@@ -24,6 +24,7 @@ class NetNamespace:
         return ["ip", "netns", "exec", self.name]
 
     def create(self) -> NetNamespace:
+        self.destroy()  # a namespace of the same name left by an interrupted run would make `add` fail
         _run("ip", "netns", "add", self.name)
         _run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
         _run("ip", "link", "set", self.ns_if, "netns", self.name)
