@@ -231,6 +231,7 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     from inbox.webhooks.config import providers_from_env  # noqa: PLC0415
     from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver  # noqa: PLC0415
+    from relay.core.db import liveness_options  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
@@ -248,7 +249,7 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         max_size=args.pool_size,
         open=False,
         timeout=5.0,
-        kwargs={"application_name": "postbox-webhooks"},
+        kwargs={"application_name": "postbox-webhooks", **liveness_options(args.database_url)},
     )
     app = WebhookReceiver(providers, pool, args.schema, ReceiverMetrics(registry), args.max_body_bytes)
     config = uvicorn.Config(

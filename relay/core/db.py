@@ -6,6 +6,7 @@ import hashlib
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 def advisory_key(namespace: str, name: str) -> int:
@@ -14,11 +15,31 @@ def advisory_key(namespace: str, name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+# A network that silently drops packets (a partition, a dead NAT entry) would otherwise leave a libpq
+# client waiting for TCP retransmissions to give up, many minutes. These make a dead peer an error within
+# seconds, so the retry loops take over. A value given in the connection URL wins.
+LIVENESS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "3",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",  # ms: unacknowledged data for this long ends the connection
+}
+
+
+def liveness_options(dsn: str) -> dict[str, str]:
+    """LIVENESS less whatever the URL sets itself."""
+    given = conninfo_to_dict(dsn)
+    return {key: value for key, value in LIVENESS.items() if key not in given}
+
+
 def connect(
     dsn: str, schema: str, *, autocommit: bool = False, application_name: str = "postbox", **settings: str
 ) -> psycopg.Connection[tuple[object, ...]]:
     """A connection whose unqualified names resolve in `schema`; `settings` are session GUCs."""
-    conn = psycopg.connect(dsn, autocommit=True, application_name=application_name)
+    conninfo = make_conninfo(dsn, **liveness_options(dsn))
+    conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name)
     try:
         conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
         for name, value in settings.items():

@@ -3,13 +3,16 @@ test's own, and an nftables rule drops everything sent to it for longer than the
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
+from relay.core.migrate import migrate
 from relay.devstack.kafka import LocalKafka
 from tests.chaos.netns import NetNamespace
 from tests.integration.test_relay_faults import write_sequenced
@@ -70,4 +73,42 @@ def test_a_network_cut_to_the_broker_loses_nothing_and_heals_by_itself(
         time.sleep(1)
         assert relay.terminate() == 0
     records = read_topic(kafka.bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
+def test_a_network_cut_to_the_database_is_noticed_and_healed(own_postgres: Any, servers: Servers) -> None:
+    """Packets from the relay to its database vanish (nftables drops them on the way out): without
+    client-side liveness settings the relay would wait on TCP retransmissions for many minutes."""
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+    aggregate_type = f"dbcut{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    write_sequenced(own_postgres.dsn, "postbox", aggregate_type, ["a", "b"], 10, written, 8)
+    rule = (
+        "table inet postbox_dbcut {\n  chain output {\n    type filter hook output priority 0;\n"
+        f"    tcp dport {own_postgres.port} drop\n  }}\n}}\n"
+    )
+    with RelayProcess(own_postgres.dsn, servers.kafka_bootstrap, "postbox") as relay:
+        wait_until(
+            lambda: outbox_states(own_postgres.dsn, "postbox") == {"published": 20}, 60, what="phase 1"
+        )
+        subprocess.run(["nft", "-f", "-"], input=rule, text=True, check=True)
+        try:
+            wait_until(
+                lambda: "relay_database_unavailable" in relay.log(),
+                60,
+                interval=0.5,
+                what="the relay noticing its database is gone",
+            )
+            assert relay.process.poll() is None
+        finally:
+            subprocess.run(["nft", "delete", "table", "inet", "postbox_dbcut"], check=True)
+        write_sequenced(own_postgres.dsn, "postbox", aggregate_type, ["c"], 10, written, 9)
+        wait_until(
+            lambda: outbox_states(own_postgres.dsn, "postbox") == {"published": 30},
+            90,
+            what="healed without a restart",
+        )
+        assert relay.terminate() == 0
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
     check_delivery(records, written)

@@ -70,3 +70,13 @@ def test_config_check_names_an_invalid_setting_and_fails() -> None:
     assert result.returncode == 1
     assert "relay: INVALID: kafka-config acks=1" in result.stdout
     assert "webhook receiver: INVALID: POSTBOX_MARQETA_PASSWORD is required" in result.stdout
+
+
+def test_liveness_options_fill_in_what_the_url_leaves_out() -> None:
+    from relay.core.db import LIVENESS, liveness_options  # noqa: PLC0415
+
+    assert liveness_options("postgresql://db/x") == LIVENESS
+    chosen = liveness_options("postgresql://db/x?connect_timeout=3&keepalives_idle=60")
+    assert "connect_timeout" not in chosen
+    assert "keepalives_idle" not in chosen
+    assert chosen["tcp_user_timeout"] == "20000"
