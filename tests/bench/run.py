@@ -223,10 +223,12 @@ def pending(s: Servers) -> int:
     return int(row[0]) if row else 0
 
 
-def bench_drain(s: Servers, rows: int, payload: str, replicas: int) -> tuple[float, float, float]:
+def bench_drain(
+    s: Servers, rows: int, payload: str, replicas: int, relay_args: tuple[str, ...] = ()
+) -> tuple[float, float, float]:
     """(events/s, peak RSS MB of the largest relay, relay CPU seconds in total)."""
     s.fresh_schema()
-    relays = [BenchRelay(s) for _ in range(replicas)]
+    relays = [BenchRelay(s, relay_args) for _ in range(replicas)]
     try:
         wait_until(lambda: all(r.ready() for r in relays), 60, interval=0.2, what="relays ready")
         time.sleep(6)  # let the replicas settle their shard split (leases rebalance every lease-ttl / 3)
@@ -320,6 +322,13 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--relay-batch-size", type=int, default=500, help="the relays' --batch-size")
+    parser.add_argument(
+        "--only",
+        choices=["limits", "drain", "latency"],
+        action="append",
+        help="run only these parts (repeatable)",
+    )
     args = parser.parse_args()
     postgres = LocalPostgres(find_bin_dir()).start()
     kafka = LocalKafka(default_partitions=6).start()
@@ -337,22 +346,36 @@ def main() -> int:
             f"6 partitions), librdkafka {confluent_kafka.libversion()[0]}; relay defaults: batch 500, "
             f"acks=all, idempotence, lz4, linger.ms 5; backlog {args.rows:,} rows; {args.runs} runs each"
         )
+        parts = set(args.only or ["limits", "drain", "latency"])
+        relay_args = ("--batch-size", str(args.relay_batch_size))
         for size in (200, 1024):
             payload = payload_of(size)
-            say(f"\n-- payload {size} bytes --")
-            inserts = repeat(args.runs, lambda p=payload: bench_insert_rate(s, 5, p))
-            say(f"limit: single-row-commit inserts/s      {median_spread(inserts)}")
-            claims = repeat(args.runs, lambda p=payload: bench_claim_mark(s, min(args.rows, 300_000), p, 500))
-            say(f"limit: claim+mark SQL rows/s (no Kafka) {median_spread(claims)}")
-            produced = repeat(args.runs, lambda p=payload: bench_raw_producer(s, min(args.rows, 500_000), p))
-            say(f"limit: raw producer msgs/s              {median_spread(produced)}")
-            for replicas in (1, 3):
-                results = [bench_drain(s, args.rows, payload, replicas) for _ in range(args.runs)]
-                say(
-                    f"postbox drain, {replicas} relay(s), events/s {median_spread([r[0] for r in results])}; "
-                    f"peak RSS per relay {max(r[1] for r in results):.0f} MB; "
-                    f"relay CPU {statistics.median(r[2] for r in results):.1f} s"
+            if parts & {"limits", "drain"}:
+                say(f"\n-- payload {size} bytes --")
+            if "limits" in parts:
+                inserts = repeat(args.runs, lambda p=payload: bench_insert_rate(s, 5, p))
+                say(f"limit: single-row-commit inserts/s      {median_spread(inserts)}")
+                claims = repeat(
+                    args.runs, lambda p=payload: bench_claim_mark(s, min(args.rows, 300_000), p, 500)
                 )
+                say(f"limit: claim+mark SQL rows/s (no Kafka) {median_spread(claims)}")
+                produced = repeat(
+                    args.runs, lambda p=payload: bench_raw_producer(s, min(args.rows, 500_000), p)
+                )
+                say(f"limit: raw producer msgs/s              {median_spread(produced)}")
+            if "drain" in parts:
+                for replicas in (1, 3):
+                    results = [
+                        bench_drain(s, args.rows, payload, replicas, relay_args) for _ in range(args.runs)
+                    ]
+                    say(
+                        f"postbox drain, {replicas} relay(s), batch {args.relay_batch_size}, events/s "
+                        f"{median_spread([r[0] for r in results])}; peak RSS per relay "
+                        f"{max(r[1] for r in results):.0f} MB; "
+                        f"relay CPU {statistics.median(r[2] for r in results):.1f} s"
+                    )
+        if "latency" not in parts:
+            return 0
         say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
         for rate in (1000, 5000):
             for listen in (True, False):
