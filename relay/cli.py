@@ -151,20 +151,9 @@ def _cmd_config_check(args: argparse.Namespace, parser: argparse.ArgumentParser)
     def relay_settings() -> dict[str, object] | None:
         if "POSTBOX_KAFKA_BOOTSTRAP" not in os.environ:
             return None
-        from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
-        from relay.outbox.settings import RelaySettings  # noqa: PLC0415
+        from relay.outbox.cli import settings_from_args  # noqa: PLC0415
 
-        run_args = build_parser().parse_args(["relay", "run"])
-        settings = RelaySettings(
-            database_url=run_args.database_url or "",
-            kafka_bootstrap=run_args.kafka_bootstrap or "",
-            schema=run_args.schema,
-            batch_size=run_args.batch_size,
-            lease_ttl=run_args.lease_ttl,
-            delivery_timeout=run_args.delivery_timeout,
-            topic_template=run_args.topic_template,
-            kafka_config=kafka_config_from([]),
-        )
+        settings = settings_from_args(build_parser().parse_args(["relay", "run"]))
         return {
             "database_url": settings.database_url,
             "schema": settings.schema,

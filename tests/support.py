@@ -74,10 +74,6 @@ def read_topic(
     return records
 
 
-def by_offset(records: list[Record]) -> list[Record]:
-    return sorted(records, key=lambda r: (r.partition, r.offset))
-
-
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -139,30 +139,38 @@ def add_relay_commands(commands: Any) -> None:
     prune.set_defaults(handler=_cmd_prune)
 
 
-def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The RelaySettings `relay run` would start with; SettingsError or ValueError names a bad setting.
+    `postbox config check` validates through this too, so both judge the same settings."""
     from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
-    from relay.outbox.settings import RelaySettings, SettingsError  # noqa: PLC0415
+    from relay.outbox.settings import RelaySettings  # noqa: PLC0415
+
+    kafka_config = kafka_config_from(args.kafka_config)
+    extra = {"relay_id": args.relay_id} if args.relay_id else {}
+    return RelaySettings(
+        database_url=args.database_url or "",
+        kafka_bootstrap=args.kafka_bootstrap or "",
+        schema=args.schema,
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        listen=not args.no_listen,
+        lease_ttl=args.lease_ttl,
+        delivery_timeout=args.delivery_timeout,
+        topic_template=args.topic_template,
+        prune_retention=args.prune_retention,
+        prune_interval=args.prune_interval,
+        topic_recheck_interval=args.topic_recheck_interval,
+        event_type_header=args.event_type_header,
+        kafka_config=kafka_config,
+        **extra,
+    )
+
+
+def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    from relay.outbox.settings import SettingsError  # noqa: PLC0415
 
     try:
-        kafka_config = kafka_config_from(args.kafka_config)
-        extra = {"relay_id": args.relay_id} if args.relay_id else {}
-        return RelaySettings(
-            database_url=args.database_url or "",
-            kafka_bootstrap=args.kafka_bootstrap or "",
-            schema=args.schema,
-            batch_size=args.batch_size,
-            poll_interval=args.poll_interval,
-            listen=not args.no_listen,
-            lease_ttl=args.lease_ttl,
-            delivery_timeout=args.delivery_timeout,
-            topic_template=args.topic_template,
-            prune_retention=args.prune_retention,
-            prune_interval=args.prune_interval,
-            topic_recheck_interval=args.topic_recheck_interval,
-            event_type_header=args.event_type_header,
-            kafka_config=kafka_config,
-            **extra,
-        )
+        return settings_from_args(args)
     except (SettingsError, ValueError) as exc:
         parser.error(str(exc))
 
