@@ -81,10 +81,12 @@ class ChildProcess:
     """A `postbox ...` command as a real child process (so SIGKILL, SIGSTOP and SIGTERM are the real thing),
     its JSON logs in a file under /tmp."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, log_level: str = "debug"
+    ) -> None:
         self.log_path = Path(f"/tmp/postbox-test-{name}.log")
         self._log = self.log_path.open("ab")
-        command = [sys.executable, "-m", "relay.cli", "--log-format", "json", "--log-level", "debug", *args]
+        command = [sys.executable, "-m", "relay.cli", "--log-format", "json", "--log-level", log_level, *args]
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
         )
@@ -191,6 +193,7 @@ class InboxProcess(ChildProcess):
         topics: list[str],
         *extra: str,
         env: dict[str, str] | None = None,
+        log_level: str = "debug",
     ) -> None:
         super().__init__(
             f"inbox-{uuid.uuid4().hex[:6]}",
@@ -213,6 +216,7 @@ class InboxProcess(ChildProcess):
                 *extra,
             ],
             env,
+            log_level,
         )
 
 
@@ -285,7 +289,7 @@ MARQETA_SECRET = "marqeta-signing-secret"
 class ReceiverProcess(ChildProcess):
     """`postbox inbox serve` (uvicorn), with the test providers configured, once it answers."""
 
-    def __init__(self, database_url: str, schema: str, *extra: str) -> None:
+    def __init__(self, database_url: str, schema: str, *extra: str, log_level: str = "debug") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
@@ -311,6 +315,7 @@ class ReceiverProcess(ChildProcess):
                 *extra,
             ],
             env,
+            log_level,
         )
         wait_until(lambda: self.process.poll() is not None or self._answers(), 30, what="the receiver")
         assert self.process.poll() is None, self.log()

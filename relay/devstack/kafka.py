@@ -30,21 +30,34 @@ def cache_dir() -> Path:
     return Path(os.environ.get("POSTBOX_CACHE_DIR", Path.home() / ".cache" / "postbox"))
 
 
+def pom_version(pom: Path, property_name: str) -> str:
+    """A `<property_name>` value from a POM's <properties> (the version it pins)."""
+    text = pom.read_text()
+    start = text.index(f"<{property_name}>") + len(property_name) + 2
+    return text[start : text.index(f"</{property_name}>")]
+
+
 def kafka_version() -> str:
-    text = POM.read_text()
-    start = text.index("<kafka.version>") + len("<kafka.version>")
-    return text[start : text.index("</kafka.version>")]
+    return pom_version(POM, "kafka.version")
 
 
 def resolve_jars() -> Path:
     """The folder holding the broker's class path, resolved from Maven Central on first use."""
-    libs = cache_dir() / f"kafka-{kafka_version()}" / "libs"
+    return resolve_classpath(POM, f"kafka-{kafka_version()}")
+
+
+def resolve_classpath(pom: Path, name: str) -> Path:
+    """`pom`'s runtime dependencies copied into cache_dir()/name/libs by Maven, once; the folder.
+
+    A stamp file marks a complete copy, so an interrupted download is redone rather than half-used.
+    """
+    libs = cache_dir() / name / "libs"
     stamp = libs / ".complete"
     if stamp.exists():
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise KafkaStartError("Maven (mvn) is needed once to fetch the Kafka jars: apt-get install maven")
+        raise KafkaStartError(f"Maven (mvn) is needed once to fetch {name}'s jars: apt-get install maven")
     shutil.rmtree(libs, ignore_errors=True)
     result = subprocess.run(
         [
@@ -52,7 +65,7 @@ def resolve_jars() -> Path:
             "-B",
             "-q",
             "-f",
-            str(POM),
+            str(pom),
             f"-Dmaven.repo.local={cache_dir() / 'm2'}",
             "dependency:copy-dependencies",
             f"-DoutputDirectory={libs}",
@@ -65,9 +78,9 @@ def resolve_jars() -> Path:
     )
     if result.returncode != 0:
         raise KafkaStartError(
-            f"mvn could not resolve the Kafka jars:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            f"mvn could not resolve {name}'s jars:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
         )
-    stamp.write_text(kafka_version())
+    stamp.write_text(name)
     return libs
 
 
@@ -138,8 +151,8 @@ class LocalKafka:
                 node,
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # One argument: a cluster id can start with "-", which argparse would take for a flag.
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(node.directory / "server.properties"),
                 wait=True,

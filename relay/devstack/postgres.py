@@ -84,6 +84,8 @@ class LocalPostgres:
     base_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="postbox-pg-")))
     user: str = "postgres"
     database: str = "postgres"
+    # Extra server settings (`-c name=value`), e.g. {"wal_level": "logical"} for a logical-decoding peer.
+    settings: dict[str, str] = field(default_factory=dict)
     _run_as: pwd.struct_passwd | None = None
 
     @property
@@ -142,7 +144,7 @@ class LocalPostgres:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base_dir} "
             "-c max_connections=200 -c shared_buffers=256MB"
-        )
+        ) + "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(
             "pg_ctl",
             "start",

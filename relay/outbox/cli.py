@@ -26,7 +26,16 @@ def add_relay_commands(commands: Any) -> None:
         "POSTBOX_RDKAFKA_<NAME> with dots written as underscores",
     )
     env_flag(run, "--relay-id", "POSTBOX_RELAY_ID", "this replica's id (default: hostname-pid)")
-    env_flag(run, "--batch-size", "POSTBOX_BATCH_SIZE", "rows claimed per batch", type=int, default=500)
+    env_flag(run, "--batch-size", "POSTBOX_BATCH_SIZE", "rows claimed per batch", type=int, default=1000)
+    env_flag(
+        run,
+        "--lanes",
+        "POSTBOX_RELAY_LANES",
+        "batches in flight at once, each on its own shards and database connection: while one waits "
+        "for Kafka's acks the next is claimed and produced (1 = one batch at a time)",
+        type=int,
+        default=2,
+    )
     env_flag(
         run,
         "--poll-interval",
@@ -152,6 +161,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         kafka_bootstrap=args.kafka_bootstrap or "",
         schema=args.schema,
         batch_size=args.batch_size,
+        lanes=args.lanes,
         poll_interval=args.poll_interval,
         listen=not args.no_listen,
         lease_ttl=args.lease_ttl,

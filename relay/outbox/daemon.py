@@ -1,5 +1,9 @@
 """The relay loop: claim a batch, publish it, mark it, commit; again while batches come back full.
 
+The owned shards are dealt into lanes (--lanes, default 2), each with its own connection. A lane's batches
+run strictly one after another, but lanes overlap: while one lane's batch waits for Kafka's acks, the next
+lane claims and produces. A shard belongs to one lane, so no aggregate is ever in two open batches.
+
 What a crash at each step leaves behind:
 - before the claim commits nothing changed; after produce but before the mark commits, the rows are still
   pending and their locks die with the connection, so the next owner publishes them again (a duplicate with
@@ -10,6 +14,7 @@ What a crash at each step leaves behind:
 from __future__ import annotations
 
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,9 +33,10 @@ from relay.outbox.errors import Disposition
 from relay.outbox.leases import LeaseKeeper
 from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, decide
-from relay.outbox.publisher import Publisher
+from relay.outbox.publisher import Publisher, Sending
 from relay.outbox.routing import Message, OutboxRow, RoutingError, to_message, topic_for
 from relay.outbox.settings import RelaySettings
+from relay.outbox.shares import split_lanes
 
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
@@ -65,6 +71,20 @@ class TopicGate:
         return {"blocked_topics": sorted(self.blocked), "blocked_types": types}
 
 
+@dataclass
+class InFlight:
+    """A claimed batch whose messages are with the producer; its transaction stays open until the mark."""
+
+    conn: Connection
+    lane: list[int]
+    rows: list[OutboxRow]
+    topics: list[str]
+    deliveries: list[Delivery | None]  # known before sending: blocked topics, rows that cannot be routed
+    sent: list[int]  # indexes into rows of the messages handed to the producer
+    sending: Sending | None
+    started: float
+
+
 class Relay:
     def __init__(
         self,
@@ -83,7 +103,7 @@ class Relay:
         self._next_prune = 0.0
         self.last_loop = time.monotonic()
         self.connected = False
-        self._batch_conn: Connection | None = None
+        self._batch_conns: list[Connection] = []  # one per lane
         self._lease_conn: Connection | None = None
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
@@ -142,13 +162,13 @@ class Relay:
             return True
         return any(
             conn is not None and conn.broken
-            for conn in (self._batch_conn, self._lease_conn, self._listen_conn)
+            for conn in (*self._batch_conns, self._lease_conn, self._listen_conn)
         )
 
     def _ensure_connected(self) -> None:
-        if self._batch_conn is not None and self._lease_conn is not None:
+        if self._batch_conns and self._lease_conn is not None:
             return
-        self._batch_conn = self._connect(False)
+        self._batch_conns = [self._connect(False) for _ in range(self.settings.lanes)]
         self._lease_conn = self._connect(True)
         if self.settings.listen:
             # Its own connection, used for nothing else, so no notification is consumed by another query.
@@ -160,10 +180,11 @@ class Relay:
 
     def _disconnect(self) -> None:
         self.connected = False
-        for conn in (self._batch_conn, self._lease_conn, self._listen_conn):
+        for conn in (*self._batch_conns, self._lease_conn, self._listen_conn):
             if conn is not None:
                 conn.close()
-        self._batch_conn = self._lease_conn = self._listen_conn = None
+        self._batch_conns = []
+        self._lease_conn = self._listen_conn = None
         self.leases = None
 
     def _shutdown(self) -> None:
@@ -196,7 +217,7 @@ class Relay:
     # -- one turn of the loop --------------------------------------------------------------------------
 
     def _turn(self) -> bool:
-        """Maintain leases, maybe prune, run one batch. True when the batch came back full."""
+        """Maintain leases, maybe prune, drain the lanes. True when rows may still be waiting."""
         assert self.leases is not None
         if self.leases.due():
             owned = self.leases.tick()
@@ -209,70 +230,105 @@ class Relay:
         self.metrics.ready.set(1 if self.ready()[0] else 0)
         if not self.leases.owned:
             return False
-        return self.run_batch() >= self.settings.batch_size
+        return self.drain()
 
-    def run_batch(self) -> int:
-        """Claim, publish and mark one batch in one transaction; returns the number of rows claimed."""
-        conn, leases = self._batch_conn, self.leases
-        assert conn is not None
-        assert leases is not None
+    def drain(self) -> bool:
+        """Run batches on every lane, each lane claiming again as soon as its last batch is marked, until
+        the lanes come back short or it is time to stop (a lease tick is due, SIGTERM, a failing broker).
+        Every batch begun is finished before returning: leases change only with nothing in flight.
+        True when some lane's last batch was full (rows may be waiting)."""
+        assert self.leases is not None
+        lanes = split_lanes(sorted(self.leases.owned), len(self._batch_conns))
+        begun = (self._begin(conn, lane) for conn, lane in zip(self._batch_conns, lanes, strict=False))
+        in_flight = deque(batch for batch in begun if batch is not None)
+        more = False
+        while in_flight:
+            batch = in_flight.popleft()
+            self._finish(batch)
+            self.last_loop = time.monotonic()
+            full = len(batch.rows) >= self.settings.batch_size
+            if full and self._may_begin():
+                following = self._begin(batch.conn, batch.lane)
+                if following is not None:
+                    in_flight.append(following)
+            else:
+                more = more or full
+        if self._failed_batches:
+            # Nothing got through: the broker is struggling. Back off longer after each such batch.
+            self._sleep(backoff_delay(self._failed_batches))
+        return more
+
+    def _may_begin(self) -> bool:
+        assert self.leases is not None
+        return not (self._stopping or self.leases.due() or self.publisher.fatal_error or self._failed_batches)
+
+    def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
+        """Claim up to batch-size rows of the lane's shards (opening the batch's transaction) and hand
+        their messages to the producer; None, with the transaction closed, when there is nothing to do."""
+        assert self.leases is not None
         started = time.perf_counter()
-        with conn.transaction():
-            claim_params = {
-                "shards": sorted(leases.owned),
-                "lock_space": self._lock_space,
-                "limit": self.settings.batch_size,
-                **self._topics.claim_filter(),
-            }
-            rows = [OutboxRow(*r) for r in conn.execute(query(QUERIES, "claim_batch"), claim_params)]
-            if not rows:
-                return 0
-            outcome = self._publish(rows, leases.renew_only)
-            marked = conn.execute(
-                query(QUERIES, "mark_batch"),
-                {
-                    "relay_id": self.settings.relay_id,
-                    "ids": [o.row_id for o in outcome.rows],
-                    "states": [o.state for o in outcome.rows],
-                    "errors": [o.error for o in outcome.rows],
-                },
-            ).rowcount
-        self._record(rows, outcome, marked, time.perf_counter() - started)
-        return len(rows)
-
-    def _publish(self, rows: list[OutboxRow], while_waiting: Callable[[], None]) -> BatchOutcome:
+        claim_params = {
+            "shards": lane,
+            "lock_space": self._lock_space,
+            "limit": self.settings.batch_size,
+            **self._topics.claim_filter(),
+        }
+        rows = [OutboxRow(*r) for r in conn.execute(query(QUERIES, "claim_batch"), claim_params)]
+        if not rows:
+            conn.rollback()  # ends the transaction, and with it the shards' advisory locks
+            return None
         template = self.settings.topic_template
-        deliveries: list[Delivery | None] = [None] * len(rows)
         topics = [topic_for(row, template) for row in rows]
-        to_send: list[tuple[int, Message]] = []
+        deliveries: list[Delivery | None] = [None] * len(rows)
+        sent: list[int] = []
+        messages: list[Message] = []
         # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
         # batch transaction.
         verdicts: dict[str, Delivery | None] = {}
         for index, (row, topic) in enumerate(zip(rows, topics, strict=True)):
             if topic not in verdicts:
-                verdicts[topic] = self._check_topic(topic, while_waiting)
+                verdicts[topic] = self._check_topic(topic, self.leases.renew_only)
             gate = verdicts[topic]
             if gate is not None:
                 deliveries[index] = gate
                 continue
             try:
-                to_send.append((index, to_message(row, template, self.settings.event_type_header)))
+                messages.append(to_message(row, template, self.settings.event_type_header))
+                sent.append(index)
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
-        if to_send:
-            results = self.publisher.publish([m for _, m in to_send], while_waiting)
-            for (index, _), result in zip(to_send, results, strict=True):
-                deliveries[index] = result
+        sending = self.publisher.send(messages) if messages else None
+        return InFlight(conn, lane, rows, topics, deliveries, sent, sending, started)
+
+    def _finish(self, batch: InFlight) -> None:
+        """Wait for the batch's delivery reports, mark its rows in its transaction, commit."""
+        assert self.leases is not None
+        deliveries = batch.deliveries
+        if batch.sending is not None:
+            reports = batch.sending.wait(self.leases.renew_only)
+            for index, report in zip(batch.sent, reports, strict=True):
+                deliveries[index] = report
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
-        outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], topics, final)
+        rows = batch.rows
+        outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], batch.topics, final)
         for index, delivery in enumerate(final):
             if delivery.disposition is Disposition.TOPIC_BLOCKED:
                 row = rows[index]
                 self._topics.block(
-                    topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
+                    batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.blocked))
-        return outcome
+        marked = batch.conn.execute(
+            query(QUERIES, "mark_batch"),
+            {
+                "relay_id": self.settings.relay_id,
+                "ids": [o.row_id for o in outcome.rows],
+                "states": [o.state for o in outcome.rows],
+                "errors": [o.error for o in outcome.rows],
+            },
+        ).rowcount
+        batch.conn.commit()
+        self._record(batch, outcome, marked, time.perf_counter() - batch.started)
 
     def _check_topic(self, topic: str, while_waiting: Callable[[], None]) -> Delivery | None:
         if topic in self._topics.good:
@@ -294,15 +350,13 @@ class Relay:
                 log.info("relay_topic_unblocked", topic=topic)
         self.metrics.blocked_topics.set(len(self._topics.blocked))
 
-    def _record(self, rows: list[OutboxRow], outcome: BatchOutcome, marked: int, seconds: float) -> None:
-        template = self.settings.topic_template
-        by_id = {row.id: row for row in rows}
+    def _record(self, batch: InFlight, outcome: BatchOutcome, marked: int, seconds: float) -> None:
         acked_at = time.time()
-        for row_outcome in outcome.rows:
-            row = by_id[row_outcome.row_id]
-            topic = topic_for(row, template)
+        published: Counter[str] = Counter()
+        # outcome.rows is in the order of batch.rows (decide keeps it).
+        for row, topic, row_outcome in zip(batch.rows, batch.topics, outcome.rows, strict=True):
             if row_outcome.state == "published":
-                self.metrics.published.labels(topic).inc()
+                published[topic] += 1
                 # Wall clock against the database's created_at: comparable while the clocks are in sync.
                 self.metrics.commit_to_ack.observe(max(0.0, acked_at - row.created_epoch))
             elif row_outcome.state == "failed":
@@ -310,8 +364,10 @@ class Relay:
                 log.error(
                     "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
                 )
+        for topic, count in published.items():
+            self.metrics.published.labels(topic).inc(count)
         self.metrics.retried.inc(outcome.retried)
-        self.metrics.batch_rows.observe(len(rows))
+        self.metrics.batch_rows.observe(len(batch.rows))
         self.metrics.batch_seconds.observe(seconds)
         if marked < len(outcome.rows):
             # Our lease on some shard expired mid-batch: its rows stay pending for the new owner (duplicates).
@@ -325,18 +381,14 @@ class Relay:
             )
         log.debug(
             "relay_batch_published",
-            rows=len(rows),
+            rows=len(batch.rows),
             published=outcome.published,
             parked=outcome.parked,
             retried=outcome.retried,
             seconds=round(seconds, 4),
         )
-        if outcome.retried and not outcome.published:
-            # Nothing got through: the broker is struggling. Back off longer after each such batch.
-            self._failed_batches += 1
-            self._sleep(backoff_delay(self._failed_batches))
-        else:
-            self._failed_batches = 0
+        # A batch where nothing got through (the broker is struggling) makes drain() back off.
+        self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
 
     def _refresh_backlog_gauges(self) -> None:
         assert self._lease_conn is not None
@@ -351,8 +403,7 @@ class Relay:
         if retention is None or time.monotonic() < self._next_prune:
             return
         self._next_prune = time.monotonic() + self.settings.prune_interval
-        assert self._batch_conn is not None
-        deleted = admin.prune(self._batch_conn, retention, batch_size=1000, max_batches=10)
+        deleted = admin.prune(self._batch_conns[0], retention, batch_size=1000, max_batches=10)
         if deleted:
             log.info("relay_pruned", rows=deleted, retention_seconds=retention / timedelta(seconds=1))
 

@@ -21,6 +21,9 @@ class Delivery:
     reason: str | None = None
 
 
+DELIVERED = Delivery(None)  # shared: one per delivered message would be per-row garbage
+
+
 @dataclass(frozen=True, slots=True)
 class RowOutcome:
     row_id: int

@@ -1,4 +1,4 @@
-"""The relay's only door to Kafka: produce a batch, wait for every delivery report."""
+"""The relay's only door to Kafka: produce a batch, later wait for every delivery report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.outbox.errors import Disposition, classify
-from relay.outbox.outcome import Delivery
+from relay.outbox.outcome import DELIVERED, Delivery
 from relay.outbox.routing import Message
 
 
@@ -24,8 +24,11 @@ class Publisher(Protocol):
         """
         ...
 
-    def publish(self, messages: Sequence[Message], while_waiting: Callable[[], None]) -> list[Delivery]:
-        """One Delivery per message, in order. `while_waiting` is called regularly while reports are due."""
+    def send(self, messages: Sequence[Message]) -> Sending:
+        """Hand every message to the producer and return at once; `wait` on the result for the reports.
+
+        Several sends may be outstanding: the relay produces its next batch while this one's acks are due.
+        """
         ...
 
     @property
@@ -34,6 +37,44 @@ class Publisher(Protocol):
         ...
 
     def close(self, timeout: float) -> None: ...
+
+
+class Sending(Protocol):
+    def wait(self, while_waiting: Callable[[], None]) -> list[Delivery]:
+        """One Delivery per message, in order. `while_waiting` is called regularly while reports are due."""
+        ...
+
+
+class KafkaSending:
+    """The delivery reports of one batch, filled in by librdkafka's callbacks as the producer is polled."""
+
+    def __init__(self, producer: Producer, size: int, delivery_timeout: float) -> None:
+        self._producer = producer
+        self._delivery_timeout = delivery_timeout
+        self.results: list[Delivery | None] = [None] * size
+        self.pending = 0
+
+    def reporter(self, index: int) -> Callable[[KafkaError | None, object], None]:
+        def on_delivery(error: KafkaError | None, _message: object) -> None:
+            self.pending -= 1
+            if error is None:
+                self.results[index] = DELIVERED
+            else:
+                self.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
+
+        return on_delivery
+
+    def wait(self, while_waiting: Callable[[], None]) -> list[Delivery]:
+        # librdkafka reports every message within message.timeout.ms; the margin covers the last poll.
+        deadline = time.monotonic() + self._delivery_timeout + 10
+        next_tick = time.monotonic() + 1
+        while self.pending > 0 and time.monotonic() < deadline:
+            self._producer.poll(0.05)  # serves every outstanding batch's reports, not only ours
+            if time.monotonic() >= next_tick:
+                while_waiting()
+                next_tick = time.monotonic() + 1
+        lost_report = Delivery(Disposition.RETRY, "no delivery report in time")
+        return [r or lost_report for r in self.results]
 
 
 class KafkaPublisher:
@@ -105,21 +146,8 @@ class KafkaPublisher:
             return Delivery(Disposition.RETRY, f"topic {topic}: a partition has no leader"), False
         return None, False
 
-    def publish(self, messages: Sequence[Message], while_waiting: Callable[[], None]) -> list[Delivery]:
-        results: list[Delivery | None] = [None] * len(messages)
-        pending = 0
-
-        def report(index: int) -> Callable[[KafkaError | None, object], None]:
-            def on_delivery(error: KafkaError | None, _message: object) -> None:
-                nonlocal pending
-                pending -= 1
-                if error is None:
-                    results[index] = Delivery(None)
-                else:
-                    results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
-
-            return on_delivery
-
+    def send(self, messages: Sequence[Message]) -> KafkaSending:
+        sending = KafkaSending(self._producer, len(messages), self._delivery_timeout)
         for index, message in enumerate(messages):
             while True:
                 try:
@@ -128,26 +156,17 @@ class KafkaPublisher:
                         message.value,
                         message.key,
                         headers=message.headers,
-                        on_delivery=report(index),
+                        on_delivery=sending.reporter(index),
                     )
-                    pending += 1
+                    sending.pending += 1
                     break
                 except BufferError:
                     self._producer.poll(0.05)  # local queue full: serve delivery reports, then try again
                 except KafkaException as exc:
                     error = exc.args[0]
-                    results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
+                    sending.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
                     break
-        # librdkafka reports every message within message.timeout.ms; the margin covers the last poll.
-        deadline = time.monotonic() + self._delivery_timeout + 10
-        next_tick = time.monotonic() + 1
-        while pending > 0 and time.monotonic() < deadline:
-            self._producer.poll(0.05)
-            if time.monotonic() >= next_tick:
-                while_waiting()
-                next_tick = time.monotonic() + 1
-        lost_report = Delivery(Disposition.RETRY, "no delivery report in time")
-        return [r or lost_report for r in results]
+        return sending
 
     def close(self, timeout: float) -> None:
         self._producer.flush(timeout)

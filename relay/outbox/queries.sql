@@ -5,8 +5,9 @@
 -- transaction) keeps a replica whose lease has just expired and the one taking over from draining the same
 -- shard at once: a shard whose lock is taken is left out of this batch entirely, so SKIP LOCKED can never
 -- skip an earlier row of an aggregate and publish a later one first.
-SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, payload_bytes, headers, topic, shard,
-       extract(epoch FROM created_at)::float8
+-- The id as text and empty headers as NULL spare the relay a UUID object and a JSON parse for every row.
+SELECT id, event_id::text, aggregate_type, aggregate_id, event_type, payload::text, payload_bytes,
+       nullif(headers, '{}'::jsonb), topic, shard, extract(epoch FROM created_at)::float8
 FROM outbox
 WHERE state = 'pending'
   AND shard = ANY (ARRAY(

@@ -8,7 +8,6 @@ id, value = the payload. The row's own headers (for example W3C `traceparent`) t
 from __future__ import annotations
 
 import string
-import uuid
 from dataclasses import dataclass
 
 DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregate_type}"
@@ -23,13 +22,13 @@ class RoutingError(ValueError):
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
     id: int
-    event_id: uuid.UUID
+    event_id: str  # the uuid's text form
     aggregate_type: str
     aggregate_id: str
     event_type: str
     payload: str | None  # JSON text, as stored
     payload_bytes: bytes | None
-    headers: dict[str, object]
+    headers: dict[str, object] | None  # None when there are none
     topic: str | None
     shard: int
     created_epoch: float = 0.0  # the writing transaction's start (created_at), for latency metrics
@@ -61,10 +60,10 @@ def topic_for(row: OutboxRow, template: str) -> str:
 def to_message(row: OutboxRow, template: str, type_header: str | None = None) -> Message:
     """The Kafka message for a row. `type_header`, when set, also carries the event type (the usual
     Debezium option `table.fields.additional.placement=type:header:eventType`)."""
-    headers: list[tuple[str, str | bytes | None]] = [(ID_HEADER, str(row.event_id).encode())]
+    headers: list[tuple[str, str | bytes | None]] = [(ID_HEADER, row.event_id.encode())]
     if type_header:
         headers.append((type_header, row.event_type.encode()))
-    for name, value in row.headers.items():
+    for name, value in (row.headers or {}).items():
         if name in (ID_HEADER, type_header):
             continue  # the event id is authoritative; a user header must not forge it
         if not isinstance(value, str):

@@ -25,7 +25,8 @@ class RelaySettings:
     kafka_bootstrap: str
     schema: str = "postbox"
     relay_id: str = field(default_factory=lambda: f"{socket.gethostname()[:40]}-{os.getpid()}")
-    batch_size: int = 500
+    batch_size: int = 1000
+    lanes: int = 2  # batches in flight at once, each on its own shards and connection
     poll_interval: float = 1.0
     listen: bool = True
     lease_ttl: float = 15.0
@@ -45,6 +46,7 @@ class RelaySettings:
         check(bool(self.database_url), "database-url: required (POSTBOX_DATABASE_URL)")
         check(bool(self.kafka_bootstrap), "kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
         check(1 <= self.batch_size <= 10_000, f"batch-size: {self.batch_size} is outside 1..10000")
+        check(1 <= self.lanes <= 8, f"lanes: {self.lanes} is outside 1..8")
         check(0.05 <= self.poll_interval <= 60, f"poll-interval: {self.poll_interval}s is outside 0.05..60")
         check(1 <= self.lease_ttl <= 600, f"lease-ttl: {self.lease_ttl}s is outside 1..600")
         check(
@@ -80,7 +82,7 @@ class RelaySettings:
             "linger.ms": 5,
             "compression.type": "lz4",
             "message.timeout.ms": int(self.delivery_timeout * 1000),
-            "queue.buffering.max.messages": max(100_000, self.batch_size * 4),
+            "queue.buffering.max.messages": max(100_000, self.batch_size * self.lanes * 4),
             "statistics.interval.ms": 15_000,  # feeds the queue-depth, round-trip and retry gauges
         }
         config.update(self.kafka_config)

@@ -15,3 +15,13 @@ def fair_share(me: str, live_members: Sequence[str], total: int = SHARD_COUNT) -
     members = sorted(set(live_members) | {me})
     base, remainder = divmod(total, len(members))
     return base + (1 if members.index(me) < remainder else 0)
+
+
+def split_lanes(shards: Sequence[int], lanes: int) -> list[list[int]]:
+    """Owned shards dealt into at most `lanes` disjoint, non-empty groups (every shard in exactly one).
+
+    Each lane's batches run one after another on their own connection, so a shard is never in two open
+    batches: that is what keeps per-aggregate order while batches overlap.
+    """
+    ordered = sorted(shards)
+    return [group for group in (ordered[i::lanes] for i in range(lanes)) if group]

@@ -1,39 +1,52 @@
-"""postbox benchmarks, on servers of their own, against the limits of this machine (not a test: it
-prints figures and the setup that produced them).
+"""postbox benchmarks, on servers of their own, against the limits of this machine and against Debezium
+(not a test: it prints figures and the setup that produced them).
 
     python -m tests.bench.run                       # everything below, 3 runs each, medians with the spread
     python -m tests.bench.run --rows 100000 --runs 1   # a quick look
+    python -m tests.bench.run --only drain --only peer # some parts only
 
-Measured, in one run on the same servers:
+Measured, in one run on the same servers (PostgreSQL runs with wal_level=logical throughout, which
+Debezium needs, so both tools see the same database):
 - limits: single-row-commit insert rate of a writer; the relay's own claim+mark SQL with no Kafka; a raw
   confluent-kafka producer (acks=all, idempotence) with the same messages;
-- postbox drain: a backlog of --rows outbox rows drained to Kafka by 1 and by 3 relay processes, from the
-  moment the backlog commits until the last row is marked;
-- steady state: writers committing one event per transaction at fixed rates with a relay running,
-  latency from the writer's commit returning to a consumer receiving the message (so it includes the
-  consumer's fetch; the broker's ack comes earlier), NOTIFY on and off;
-- the relay's peak resident memory and CPU seconds.
+- drain: a backlog of --rows outbox rows, committed in one transaction, drained to Kafka by 1 and by 3
+  postbox relays (from the commit until the last row is marked published) and by Debezium's PostgreSQL
+  connector with its outbox event router in Kafka Connect standalone (from the commit until the last
+  message is on the broker: Debezium has no mark step, so this favours it slightly);
+- steady state: writers committing one event per transaction at fixed rates, latency from the writer's
+  commit returning to a consumer receiving the message (so it includes the consumer's fetch; the broker's
+  ack comes earlier): postbox with NOTIFY on and off, and Debezium;
+- resident memory (peak) and CPU seconds of each publishing process;
+- the inbox consumer with a handler that does nothing against a raw confluent-kafka consumer on the same
+  messages, and the webhook receiver under wrk with Stripe signatures checked (every request distinct).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import confluent_kafka
 import psycopg
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
+from inbox.webhooks.providers import stripe_signature_header
 from relay.core.migrate import migrate
 from relay.core.sql import query
 from relay.devstack.kafka import LocalKafka, kafka_version
@@ -41,10 +54,12 @@ from relay.devstack.ports import free_port
 from relay.devstack.postgres import LocalPostgres, find_bin_dir
 from relay.outbox import enqueue
 from relay.outbox.daemon import QUERIES
-from tests.support import ChildProcess, create_topic, wait_until
+from tests.debezium import DebeziumConnect, debezium_version
+from tests.support import STRIPE_SECRET, ChildProcess, InboxProcess, ReceiverProcess, create_topic, wait_until
 
 SCHEMA = "postbox"
 WRITERS = 4  # one connection commits at most ~2k single-row transactions/s here (fsync-bound)
+PARTITIONS = 6
 
 
 def payload_of(size: int) -> str:
@@ -69,6 +84,33 @@ class Servers:
         with psycopg.connect(self.postgres.dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
             migrate(conn, SCHEMA)
+
+    def fresh_topic(self, prefix: str) -> tuple[str, str]:
+        """(aggregate type, its topic): a topic of its own per run, so counting its messages is exact."""
+        aggregate_type = f"{prefix}{uuid.uuid4().hex[:6]}"
+        topic = f"outbox.event.{aggregate_type}"
+        create_topic(self.kafka.bootstrap, topic, PARTITIONS)
+        return aggregate_type, topic
+
+
+def process_usage(process_id: int) -> tuple[float, float]:
+    """(peak resident MB, CPU seconds) of a live process, from /proc."""
+    status = Path(f"/proc/{process_id}/status").read_text()
+    peak_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
+    fields = Path(f"/proc/{process_id}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return peak_kb / 1024, cpu
+
+
+def on_broker(bootstrap: str, topic: str) -> int:
+    """Messages in `topic` (its partitions' high watermarks: a fresh topic, so no gaps)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)
+        )
+    finally:
+        consumer.close()
 
 
 def bench_insert_rate(s: Servers, seconds: float, payload: str) -> float:
@@ -141,9 +183,10 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int) -> float:
         return done / (time.perf_counter() - started)
 
 
-def bench_raw_producer(s: Servers, messages: int, payload: str) -> float:
+def bench_raw_producer(s: Servers, messages: int, payload: str) -> tuple[float, str]:
+    """(messages/s, the topic they are in): each message has a distinct `id` header, as relayed ones do."""
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
-    create_topic(s.kafka.bootstrap, topic, 6)
+    create_topic(s.kafka.bootstrap, topic, PARTITIONS)
     producer = Producer(
         {
             "bootstrap.servers": s.kafka.bootstrap,
@@ -156,7 +199,6 @@ def bench_raw_producer(s: Servers, messages: int, payload: str) -> float:
         }
     )
     value = payload.encode()
-    headers = [("id", str(uuid.uuid4()).encode())]
     errors = 0
 
     def report(error: object, _message: object) -> None:
@@ -167,7 +209,9 @@ def bench_raw_producer(s: Servers, messages: int, payload: str) -> float:
     for i in range(messages):
         while True:
             try:
-                producer.produce(topic, value, f"o-{i % 1000}".encode(), headers=headers, on_delivery=report)
+                producer.produce(
+                    topic, value, f"o-{i % 1000}".encode(), headers=[("id", b"%d" % i)], on_delivery=report
+                )
                 break
             except BufferError:
                 producer.poll(0.01)
@@ -175,7 +219,15 @@ def bench_raw_producer(s: Servers, messages: int, payload: str) -> float:
             producer.poll(0)
     producer.flush(120)
     assert errors == 0
-    return messages / (time.perf_counter() - started)
+    return messages / (time.perf_counter() - started), topic
+
+
+class Publisher(Protocol):
+    """A process that moves outbox rows to Kafka: a postbox relay or the Debezium worker."""
+
+    process_id: int
+
+    def terminate(self, timeout: float = 30.0) -> int: ...
 
 
 class BenchRelay(ChildProcess):
@@ -198,6 +250,7 @@ class BenchRelay(ChildProcess):
                 f"127.0.0.1:{self.metrics_port}",
                 *extra,
             ],
+            log_level="info",
         )
         self.process_id = self.process.pid
 
@@ -208,14 +261,6 @@ class BenchRelay(ChildProcess):
         except OSError:
             return False
 
-    def usage(self) -> tuple[float, float]:
-        """(peak resident MB, CPU seconds) from /proc."""
-        status = Path(f"/proc/{self.process_id}/status").read_text()
-        peak_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
-        fields = Path(f"/proc/{self.process_id}/stat").read_text().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return peak_kb / 1024, cpu
-
 
 def pending(s: Servers) -> int:
     with psycopg.connect(s.postgres.dsn) as conn:
@@ -223,35 +268,59 @@ def pending(s: Servers) -> int:
     return int(row[0]) if row else 0
 
 
-def bench_drain(
-    s: Servers, rows: int, payload: str, replicas: int, relay_args: tuple[str, ...] = ()
-) -> tuple[float, float, float]:
-    """(events/s, peak RSS MB of the largest relay, relay CPU seconds in total)."""
-    s.fresh_schema()
-    relays = [BenchRelay(s, relay_args) for _ in range(replicas)]
+@contextlib.contextmanager
+def publishing(
+    s: Servers, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = ()
+) -> Iterator[list[Publisher]]:
+    """`replicas` postbox relays, or one Debezium worker, running and ready to publish new rows."""
+    if tool == "postbox":
+        relays = [BenchRelay(s, relay_args) for _ in range(replicas)]
+        try:
+            wait_until(lambda: all(r.ready() for r in relays), 60, interval=0.2, what="relays ready")
+            if replicas > 1:
+                time.sleep(6)  # let the replicas settle their shard split (leases rebalance every ttl / 3)
+            yield list(relays)
+        finally:
+            for relay in relays:
+                relay.__exit__()
+        return
+    debezium = DebeziumConnect("127.0.0.1", s.postgres.port, s.kafka.bootstrap, SCHEMA)
     try:
-        wait_until(lambda: all(r.ready() for r in relays), 60, interval=0.2, what="relays ready")
-        time.sleep(6)  # let the replicas settle their shard split (leases rebalance every lease-ttl / 3)
-        visible = preload(s, rows, payload)
-        while pending(s) > 0:
-            time.sleep(0.2)
-        seconds = time.perf_counter() - visible
-        usage = [r.usage() for r in relays]
-        for relay in relays:
-            assert relay.terminate() == 0
-        return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage)
+        wait_until(lambda: debezium.streaming(s.postgres.dsn), 180, interval=0.5, what="Debezium streaming")
+        yield [debezium]
     finally:
-        for relay in relays:
-            relay.__exit__()
+        debezium.close(s.postgres.dsn)
 
 
-def bench_latency(s: Servers, rate: float, seconds: float, listen: bool, payload: str) -> list[float]:
-    """Milliseconds from each writer commit to a consumer receiving the message."""
+def bench_drain(
+    s: Servers, rows: int, payload: str, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = ()
+) -> tuple[float, float, float]:
+    """(events/s, peak RSS MB of the largest publisher, their CPU seconds in total)."""
     s.fresh_schema()
-    aggregate_type = f"latency{uuid.uuid4().hex[:6]}"
-    topic = f"outbox.event.{aggregate_type}"
-    create_topic(s.kafka.bootstrap, topic, 6)
-    relay = BenchRelay(s, () if listen else ("--no-listen",))
+    aggregate_type, topic = s.fresh_topic("drain")
+    with publishing(s, tool, replicas, relay_args) as publishers:
+        visible = preload(s, rows, payload, aggregate_type)
+        if tool == "postbox":
+            while pending(s) > 0:
+                time.sleep(0.2)
+        else:
+            while on_broker(s.kafka.bootstrap, topic) < rows:
+                time.sleep(0.2)
+        seconds = time.perf_counter() - visible
+        usage = [process_usage(p.process_id) for p in publishers]
+        for publisher in publishers:
+            publisher.terminate()
+    assert on_broker(s.kafka.bootstrap, topic) >= rows
+    return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage)
+
+
+def bench_latency(
+    s: Servers, rate: float, seconds: float, tool: str, payload: str, listen: bool = True
+) -> tuple[list[float], float, float]:
+    """(milliseconds from each writer commit to a consumer receiving the message, sorted; peak RSS MB and
+    CPU seconds of the publisher)."""
+    s.fresh_schema()
+    aggregate_type, topic = s.fresh_topic("latency")
     committed: dict[str, float] = {}
     received: dict[str, float] = {}
     stop = threading.Event()
@@ -270,7 +339,9 @@ def bench_latency(s: Servers, rate: float, seconds: float, listen: bool, payload
         while not stop.is_set():
             message = consumer.poll(0.05)
             if message is not None and not message.error():
-                received[dict(message.headers() or [])["id"].decode()] = time.perf_counter()
+                event_id = dict(message.headers() or [])["id"]
+                assert isinstance(event_id, bytes)
+                received[event_id.decode()] = time.perf_counter()
 
     def write(writer: int, writers: int) -> None:
         # Each of `writers` connections commits one event per transaction at rate / writers.
@@ -286,33 +357,165 @@ def bench_latency(s: Servers, rate: float, seconds: float, listen: bool, payload
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.perf_counter()))
 
+    relay_args = () if listen else ("--no-listen",)
     try:
-        wait_until(relay.ready, 60, interval=0.2, what="relay ready")
-        reader = threading.Thread(target=consume)
-        reader.start()
-        time.sleep(3)  # the consumer joins its group before the clock starts
-        writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
-        for thread in writers:
-            thread.start()
-        for thread in writers:
-            thread.join()
-        wait_until(lambda: len(received) >= len(committed), 60, interval=0.2, what="every event received")
-        stop.set()
-        reader.join()
-        assert relay.terminate() == 0
+        with publishing(s, tool, relay_args=relay_args) as publishers:
+            reader = threading.Thread(target=consume)
+            reader.start()
+            time.sleep(3)  # the consumer joins its group before the clock starts
+            writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
+            for thread in writers:
+                thread.start()
+            for thread in writers:
+                thread.join()
+            wait_until(lambda: len(received) >= len(committed), 60, interval=0.2, what="every event received")
+            stop.set()
+            reader.join()
+            peak, cpu = process_usage(publishers[0].process_id)
+            publishers[0].terminate()
     finally:
         stop.set()
         consumer.close()
-        relay.__exit__()
-    return sorted((received[e] - committed[e]) * 1000 for e in committed)
+    return sorted((received[e] - committed[e]) * 1000 for e in committed), peak, cpu
 
 
 def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
+def bench_raw_consumer(s: Servers, topic: str, messages: int) -> float:
+    """A plain confluent-kafka consumer reading `messages` from the start: first message to last."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": s.kafka.bootstrap,
+            "group.id": f"raw-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+        }
+    )
+    consumer.subscribe([topic])
+    seen, first = 0, 0.0
+    try:
+        while seen < messages:
+            for message in consumer.consume(500, timeout=1.0):
+                if message.error() is None:
+                    first = first or time.perf_counter()
+                    seen += 1
+        return messages / (time.perf_counter() - first)
+    finally:
+        consumer.close()
+
+
+def bench_inbox(s: Servers, topic: str, messages: int) -> tuple[float, float, float]:
+    """(messages/s into the inbox, peak RSS MB, CPU s): `postbox inbox consume` with a do-nothing handler,
+    measured from its first claim row to its last (the database clock), so start-up is left out."""
+    s.fresh_schema()
+    with InboxProcess(
+        s.postgres.dsn, s.kafka.bootstrap, SCHEMA, "tests.apps.noop:inbox", [topic], log_level="info"
+    ) as inbox:
+        with psycopg.connect(s.postgres.dsn, autocommit=True) as conn:
+
+            def stored() -> int:
+                row = conn.execute("SELECT count(*) FROM postbox.inbox_message").fetchone()
+                return int(row[0]) if row else 0
+
+            wait_until(lambda: stored() >= messages, 600, interval=0.5, what="every message in the inbox")
+            row = conn.execute(
+                "SELECT extract(epoch FROM max(received_at) - min(received_at)) FROM postbox.inbox_message"
+            ).fetchone()
+        assert row is not None
+        peak, cpu = process_usage(inbox.process.pid)
+        assert inbox.terminate() == 0
+    return messages / float(row[0]), peak, cpu
+
+
+WRK_SCRIPT = """\
+-- Cycles through distinct, correctly signed Stripe events (generated by the benchmark).
+local requests = {}
+local i = 0
+init = function(args)
+  for line in io.lines("%(requests)s") do
+    local signature, body = line:match("^([^\\t]*)\\t(.*)$")
+    requests[#requests + 1] = wrk.format("POST", "/webhooks/stripe",
+      {["Content-Type"] = "application/json", ["Stripe-Signature"] = signature}, body)
+  end
+end
+request = function()
+  i = i %% #requests + 1
+  return requests[i]
+end
+"""
+
+
+def bench_webhooks(s: Servers, seconds: int, connections: int, events: int) -> tuple[float, int, int, str]:
+    """(requests/s, HTTP 2xx answered, distinct events stored, wrk's latency line): the receiver under wrk,
+    every request a distinct Stripe event with a valid signature, so each is verified and inserted."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is needed for the webhook benchmark: apt-get install wrk")
+    s.fresh_schema()
+    folder = Path(tempfile.mkdtemp(prefix="postbox-wrk-"))
+    now = int(time.time())
+    with (folder / "requests.tsv").open("w") as out:
+        for i in range(events):
+            body = json.dumps(
+                {
+                    "id": f"evt_bench_{i}",
+                    "object": "event",
+                    "type": "payment_intent.succeeded",
+                    "created": now,
+                    "data": {"object": {"id": f"pi_{i}", "object": "payment_intent", "amount": 1000 + i}},
+                }
+            )
+            out.write(f"{stripe_signature_header(STRIPE_SECRET, body.encode(), now)}\t{body}\n")
+    (folder / "bench.lua").write_text(WRK_SCRIPT % {"requests": folder / "requests.tsv"})
+    with ReceiverProcess(s.postgres.dsn, SCHEMA, log_level="info") as receiver:
+        result = subprocess.run(
+            [
+                wrk,
+                "-t2",
+                f"-c{connections}",
+                f"-d{seconds}s",
+                "--latency",
+                "-s",
+                str(folder / "bench.lua"),
+                receiver.url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        peak, _ = process_usage(receiver.process.pid)
+        assert receiver.terminate() == 0
+    shutil.rmtree(folder, ignore_errors=True)
+    report = result.stdout
+
+    def number(pattern: str) -> str:
+        found = re.search(pattern, report)
+        if found is None:
+            raise RuntimeError(f"wrk printed no {pattern!r}:\n{report}")
+        return found.group(1)
+
+    rate, total = float(number(r"Requests/sec:\s+([\d.]+)")), int(number(r"(\d+) requests in"))
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", report)
+    p50, p99 = number(r"50%\s+(\S+)"), number(r"99%\s+(\S+)")
+    latency = f"p50 {p50} p99 {p99}"
+    with psycopg.connect(s.postgres.dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM postbox.webhook_inbox").fetchone()
+    stored = int(row[0]) if row else 0
+    return (
+        rate,
+        total - (int(non_2xx.group(1)) if non_2xx else 0),
+        stored,
+        f"{latency}; peak RSS {peak:.0f} MB",
+    )
+
+
 def repeat(runs: int, measure: Callable[[], float]) -> list[float]:
     return [measure() for _ in range(runs)]
+
+
+PARTS = ("limits", "drain", "latency", "consumers", "webhooks")
 
 
 def main() -> int:
@@ -322,31 +525,29 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=20.0)
-    parser.add_argument("--relay-batch-size", type=int, default=500, help="the relays' --batch-size")
-    parser.add_argument(
-        "--only",
-        choices=["limits", "drain", "latency"],
-        action="append",
-        help="run only these parts (repeatable)",
-    )
+    parser.add_argument("--relay-batch-size", type=int, default=1000, help="the relays' --batch-size")
+    parser.add_argument("--no-debezium", action="store_true", help="leave the peer out")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     args = parser.parse_args()
-    postgres = LocalPostgres(find_bin_dir()).start()
-    kafka = LocalKafka(default_partitions=6).start()
+    parts = set(args.only or PARTS)
+    tools = ["postbox"] if args.no_debezium else ["postbox", "debezium"]
+    postgres = LocalPostgres(find_bin_dir(), settings={"wal_level": "logical"}).start()
+    kafka = LocalKafka(default_partitions=PARTITIONS).start()
     s = Servers(postgres, kafka)
-    out: list[str] = []
 
     def say(line: str) -> None:
-        out.append(line)
         print(line, flush=True)
 
     try:
         say(
             f"setup: {os.cpu_count()} cores, Python {platform.python_version()}, PostgreSQL "
-            f"{postgres.server_version()} (fsync on, defaults), Kafka {kafka_version()} (1 KRaft node, "
-            f"6 partitions), librdkafka {confluent_kafka.libversion()[0]}; relay defaults: batch 500, "
-            f"acks=all, idempotence, lz4, linger.ms 5; backlog {args.rows:,} rows; {args.runs} runs each"
+            f"{postgres.server_version()} (fsync on, wal_level=logical, else defaults), Kafka "
+            f"{kafka_version()} (1 KRaft node, {PARTITIONS} partitions), librdkafka "
+            f"{confluent_kafka.libversion()[0]}; relay defaults: batch {args.relay_batch_size}, acks=all, "
+            f"idempotence, lz4, linger.ms 5, log level info; Debezium {debezium_version()} in Kafka Connect "
+            f"{kafka_version()} standalone (pgoutput, outbox event router, heap -Xmx2G, producer lz4 + "
+            f"linger.ms 5, otherwise Connect's defaults); backlog {args.rows:,} rows; {args.runs} runs each"
         )
-        parts = set(args.only or ["limits", "drain", "latency"])
         relay_args = ("--batch-size", str(args.relay_batch_size))
         for size in (200, 1024):
             payload = payload_of(size)
@@ -360,31 +561,57 @@ def main() -> int:
                 )
                 say(f"limit: claim+mark SQL rows/s (no Kafka) {median_spread(claims)}")
                 produced = repeat(
-                    args.runs, lambda p=payload: bench_raw_producer(s, min(args.rows, 500_000), p)
+                    args.runs, lambda p=payload: bench_raw_producer(s, min(args.rows, 500_000), p)[0]
                 )
                 say(f"limit: raw producer msgs/s              {median_spread(produced)}")
-            if "drain" in parts:
-                for replicas in (1, 3):
-                    results = [
-                        bench_drain(s, args.rows, payload, replicas, relay_args) for _ in range(args.runs)
-                    ]
-                    say(
-                        f"postbox drain, {replicas} relay(s), batch {args.relay_batch_size}, events/s "
-                        f"{median_spread([r[0] for r in results])}; peak RSS per relay "
-                        f"{max(r[1] for r in results):.0f} MB; "
-                        f"relay CPU {statistics.median(r[2] for r in results):.1f} s"
-                    )
-        if "latency" not in parts:
-            return 0
-        say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
-        for rate in (1000, 5000):
-            for listen in (True, False):
-                latencies = bench_latency(s, rate, args.latency_seconds, listen, payload_of(200))
+            if "drain" not in parts:
+                continue
+            for tool, replicas in [("postbox", 1), ("postbox", 3)] + [("debezium", 1)] * (len(tools) - 1):
+                results = [
+                    bench_drain(s, args.rows, payload, tool, replicas, relay_args) for _ in range(args.runs)
+                ]
+                who = f"postbox, {replicas} relay(s)" if tool == "postbox" else "Debezium, 1 task     "
                 say(
-                    f"{rate}/s, NOTIFY {'on ' if listen else 'off'}: commit->consumer ms "
-                    f"p50 {percentile(latencies, 0.5):.1f}  p99 {percentile(latencies, 0.99):.1f}  "
-                    f"p999 {percentile(latencies, 0.999):.1f}  (n={len(latencies)}, "
-                    f"achieved {len(latencies) / args.latency_seconds:,.0f}/s)"
+                    f"drain {who}: events/s {median_spread([r[0] for r in results])}; "
+                    f"peak RSS per process {max(r[1] for r in results):.0f} MB; "
+                    f"CPU {statistics.median(r[2] for r in results):.1f} s"
+                )
+        if "latency" in parts:
+            say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
+            variants = [("postbox", True), ("postbox", False)] + [("debezium", True)] * (len(tools) - 1)
+            for rate in (1000, 5000):
+                for tool, listen in variants:
+                    latencies, peak, cpu = bench_latency(
+                        s, rate, args.latency_seconds, tool, payload_of(200), listen
+                    )
+                    who = f"postbox, NOTIFY {'on ' if listen else 'off'}" if tool == "postbox" else "Debezium"
+                    say(
+                        f"{rate}/s {who:18}: commit->consumer ms p50 {percentile(latencies, 0.5):.1f}  "
+                        f"p99 {percentile(latencies, 0.99):.1f}  p999 {percentile(latencies, 0.999):.1f}  "
+                        f"(n={len(latencies)}, achieved {len(latencies) / args.latency_seconds:,.0f}/s; "
+                        f"RSS {peak:.0f} MB, CPU {cpu / args.latency_seconds * 100:.0f}% of a core)"
+                    )
+        if "consumers" in parts:
+            messages = min(args.rows, 200_000)
+            say(f"\n-- consumers: {messages:,} messages of 200 bytes, {PARTITIONS} partitions --")
+            raw, inbox = [], []
+            for _ in range(args.runs):
+                _, topic = bench_raw_producer(s, messages, payload_of(200))
+                raw.append(bench_raw_consumer(s, topic, messages))
+                inbox.append(bench_inbox(s, topic, messages))
+            say(f"raw confluent-kafka consumer msgs/s      {median_spread(raw)}")
+            say(
+                f"postbox inbox consume (no-op handler)    {median_spread([r[0] for r in inbox])}; "
+                f"peak RSS {max(r[1] for r in inbox):.0f} MB"
+            )
+        if "webhooks" in parts:
+            say("\n-- webhook receiver: Stripe events, signature checked, each distinct, wrk 2 threads --")
+            for connections in (16, 64):
+                answers = [bench_webhooks(s, 15, connections, 60_000) for _ in range(args.runs)]
+                say(
+                    f"{connections} connections: requests/s {median_spread([r[0] for r in answers])}; "
+                    f"last run: {answers[-1][1]:,} answered 2xx, {answers[-1][2]:,} stored, "
+                    f"latency {answers[-1][3]}"
                 )
     finally:
         kafka.stop()

@@ -388,7 +388,7 @@ def test_an_idle_relay_whose_sessions_are_terminated_reconnects(
             "WHERE application_name = %s",
             (f"postbox-relay {relay.relay_id}",),
         ).fetchone()
-        assert ended == (3,), "batch, lease and LISTEN sessions"
+        assert ended == (4,), "two lanes, lease and LISTEN sessions"
         with psycopg.connect(servers.database_url) as app:
             enqueue(app, aggregate_type, "a", "E", {"seq": 0}, schema=schema)
             app.commit()

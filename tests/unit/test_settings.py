@@ -32,6 +32,8 @@ def test_pass_through_cannot_weaken_delivery(key: str, value: str) -> None:
     ("overrides", "name"),
     [
         ({"batch_size": 0}, "batch-size"),
+        ({"lanes": 0}, "lanes"),
+        ({"lanes": 9}, "lanes"),
         ({"lease_ttl": 0.1}, "lease-ttl"),
         ({"relay_id": "has space"}, "relay-id"),
         ({"topic_template": "{nope}"}, "topic-template"),

@@ -2,7 +2,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from relay.outbox.errors import Disposition, classify
-from relay.outbox.shares import SHARD_COUNT, fair_share
+from relay.outbox.shares import SHARD_COUNT, fair_share, split_lanes
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 7, 64, 65, 100])
@@ -36,3 +36,15 @@ def test_error_classification(code: int, expected: Disposition) -> None:
 
 def test_a_fatal_flag_wins() -> None:
     assert classify(KafkaError._MSG_TIMED_OUT, fatal=True) is Disposition.FATAL
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 8])
+@pytest.mark.parametrize("owned", [[], [5], [9, 3], list(range(64)), [1, 2, 3, 40, 41, 63]])
+def test_lanes_deal_every_owned_shard_to_exactly_one_lane(owned: list[int], lanes: int) -> None:
+    dealt = split_lanes(owned, lanes)
+    flat = [shard for lane in dealt for shard in lane]
+    assert sorted(flat) == sorted(owned)  # none lost, none twice
+    assert len(flat) == len(set(flat))
+    assert all(dealt)  # no empty lane
+    assert len(dealt) == min(lanes, len(owned))
+    assert all(lane == sorted(lane) for lane in dealt)

@@ -1,0 +1,15 @@
+"""The benchmark's downstream service: a handler that does nothing, so the figure is the inbox's own cost
+(the claim insert, the savepoint, the commit, the offset commit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inbox import Inbox, Message
+
+inbox = Inbox("bench-noop")
+
+
+@inbox.fallback
+def ignore(tx: Any, message: Message) -> None:
+    """Nothing to do: the claim row the inbox writes is the whole effect."""
