@@ -212,6 +212,55 @@ def test_a_too_large_payload_is_parked_while_its_neighbours_flow(
     assert sorted(r.headers["id"].decode() for r in records) == sorted(map(str, ids))
 
 
+def test_absurd_headers_are_published_intact_or_parked_with_a_reason(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Headers the application (or another tool writing SQL) got wrong: thousands of them, one bigger
+    than the broker takes, a non-string value, one pretending to be the event id. None stops the rest."""
+    aggregate_type = f"hdr{uuid.uuid4().hex[:6]}"
+    many = {f"h{i:05d}": "v" * 20 for i in range(5000)}
+    unicode_names = {"ünï-cödé ☕": "välue 𝄞", "": "empty name", "x" * 10_000: "long name"}
+    with psycopg.connect(servers.database_url) as app:
+        many_id = enqueue(app, aggregate_type, "a", "Many", {"n": 1}, headers=many, schema=schema)
+        huge_id = enqueue(
+            app, aggregate_type, "b", "Huge", {"n": 2}, headers={"h": "x" * 2_000_000}, schema=schema
+        )
+        odd_id = enqueue(app, aggregate_type, "c", "Odd", {"n": 3}, headers=unicode_names, schema=schema)
+        forged_id = enqueue(
+            app, aggregate_type, "d", "Forged", {"n": 4}, headers={"id": "not-me"}, schema=schema
+        )
+        app.commit()
+    # A row written by hand with a header that is not a string: no Kafka header can carry it.
+    row = db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers) "
+        "VALUES (%s, 'e', 'NotText', '{}', '{\"n\": 5}') RETURNING event_id",
+        (aggregate_type,),
+    ).fetchone()
+    assert row is not None
+    number_id = row[0]
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 3, "failed": 2},
+            60,
+            what="three published, two parked",
+        )
+        assert relay.terminate() == 0
+    reasons = dict(db.execute("SELECT event_id, last_error FROM outbox WHERE state = 'failed'").fetchall())
+    assert "too large" in str(reasons[huge_id]).lower()
+    assert "'n' is not a string" in str(reasons[number_id])
+    records = {
+        r.headers["id"].decode(): r
+        for r in read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=3)
+    }
+    assert sorted(records) == sorted(map(str, (many_id, odd_id, forged_id)))
+    assert len(records[str(many_id)].headers) == 5001
+    assert all(records[str(many_id)].headers[name] == b"v" * 20 for name in many)
+    assert {k: v for k, v in records[str(odd_id)].headers.items() if k != "id"} == {
+        name: value.encode() for name, value in unicode_names.items()
+    }
+    assert records[str(forged_id)].headers == {"id": str(forged_id).encode()}, "the event id cannot be forged"
+
+
 def test_rows_of_a_transaction_that_commits_late_are_still_published(servers: Servers, schema: str) -> None:
     aggregate_type = f"late{uuid.uuid4().hex[:6]}"
     late_conn = psycopg.connect(servers.database_url)

@@ -1,0 +1,182 @@
+"""Fuzz targets (atheris) for the code that parses what strangers send: webhook signatures and bodies of
+each provider, message ids in Kafka records, outbox rows an application writes, and settings.
+
+Each target feeds the fuzzer's bytes to one parser and lets through only the errors that parser promises
+(SignatureError, MalformedWebhook, MessageIdMissing, PayloadError, ValueError for settings). Anything else
+escaping (a RecursionError, an OverflowError, a TypeError) is a crash the fuzzer reports with its input:
+in the receiver or the consumer it would be a 500 or a poison message. The signed paths also check a
+property: a body signed with the right secret always verifies, whatever the body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import hmac
+from collections.abc import Callable
+
+import atheris
+
+from inbox.message import IdSource, MessageIdMissing, event_type_of
+from inbox.webhooks.config import providers_from_env
+from inbox.webhooks.providers import (
+    GenericHmac,
+    MalformedWebhook,
+    Marqeta,
+    Shopify,
+    SignatureError,
+    Stripe,
+    stripe_signature_header,
+)
+from relay.core.cli_options import duration
+from relay.core.kafka_config import parse_kafka_config
+from relay.outbox.enqueue import OutboxEvent, PayloadError, _row
+
+NOW = 1_800_000_000
+SECRET = "whsec_fuzz"
+
+
+def _headers(fdp: atheris.FuzzedDataProvider, names: tuple[str, ...]) -> dict[str, str]:
+    return {name: fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 200)) for name in names}
+
+
+def _events_or_malformed(parse: Callable[[], object]) -> None:
+    with contextlib.suppress(MalformedWebhook):
+        parse()
+
+
+def stripe(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    provider = Stripe((SECRET,))
+    header = fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 300))
+    body = fdp.ConsumeBytes(fdp.remaining_bytes())
+    with contextlib.suppress(SignatureError):
+        provider.verify({"stripe-signature": header}, body, NOW)
+    signed = stripe_signature_header(SECRET, body, NOW)
+    if header:
+        signed = f"{signed},{header}"  # extra items (another v1, junk) must not spoil a valid signature
+    provider.verify({"stripe-signature": signed}, body, NOW)
+    _events_or_malformed(lambda: provider.events({}, body))
+
+
+def shopify(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    provider = Shopify((SECRET,))
+    headers = _headers(fdp, ("x-shopify-hmac-sha256", "x-shopify-webhook-id", "x-shopify-topic"))
+    body = fdp.ConsumeBytes(fdp.remaining_bytes())
+    with contextlib.suppress(SignatureError):
+        provider.verify(headers, body, NOW)
+    good = base64.b64encode(hmac.new(SECRET.encode(), body, hashlib.sha256).digest()).decode()
+    provider.verify({**headers, "x-shopify-hmac-sha256": good}, body, NOW)
+    _events_or_malformed(lambda: provider.events(headers, body))
+
+
+def marqeta(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    provider = Marqeta("user", "password", SECRET)
+    headers = _headers(fdp, ("authorization", "x-marqeta-signature"))
+    body = fdp.ConsumeBytes(fdp.remaining_bytes())
+    with contextlib.suppress(SignatureError):
+        provider.verify(headers, body, NOW)
+    good = {
+        "authorization": "Basic " + base64.b64encode(b"user:password").decode(),
+        "x-marqeta-signature": hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest(),
+    }
+    provider.verify(good, body, NOW)
+    _events_or_malformed(lambda: provider.events(good, body))
+
+
+def generic(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    encoding = fdp.PickValueInList(["hex", "base64"])
+    provider = GenericHmac(
+        "acme",
+        (SECRET,),
+        encoding=encoding,
+        id_from=fdp.PickValueInList(["header:x-event-id", "payload:id", "payload:a.b.c"]),
+        type_from=fdp.PickValueInList(["payload:type", "header:x-type", "payload:x.0"]),
+    )
+    headers = _headers(fdp, ("x-signature", "x-event-id", "x-type"))
+    body = fdp.ConsumeBytes(fdp.remaining_bytes())
+    with contextlib.suppress(SignatureError):
+        provider.verify(headers, body, NOW)
+    digest = hmac.new(SECRET.encode(), body, hashlib.sha256).digest()
+    signature = digest.hex() if encoding == "hex" else base64.b64encode(digest).decode()
+    provider.verify({**headers, "x-signature": f"sha256={signature}"}, body, NOW)
+    _events_or_malformed(lambda: provider.events(headers, body))
+
+
+def message_id(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    spec = fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 40))
+    try:
+        source = IdSource.parse(spec)
+    except ValueError:
+        source = IdSource.parse(
+            fdp.PickValueInList(["header:id", "payload:id", "payload:a.b", "coordinates"])
+        )
+    headers = {
+        fdp.ConsumeUnicodeNoSurrogates(8): fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 64))
+        for _ in range(fdp.ConsumeIntInRange(0, 4))
+    }
+    headers["id"] = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 64))
+    value = fdp.ConsumeBytes(fdp.remaining_bytes())
+    try:
+        extracted = source.extract("topic", 0, 1, headers, value)
+        assert isinstance(extracted, str)
+    except MessageIdMissing:
+        pass
+    event_type_of(headers, "eventType")
+
+
+def outbox_row(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    texts = [fdp.ConsumeUnicode(fdp.ConsumeIntInRange(0, 30)) for _ in range(3)]
+    headers = {fdp.ConsumeUnicode(10): fdp.ConsumeUnicode(20) for _ in range(fdp.ConsumeIntInRange(0, 3))}
+    depth = fdp.ConsumeIntInRange(0, 3000)
+    payload: object = fdp.ConsumeUnicode(fdp.ConsumeIntInRange(0, 100))
+    for _ in range(depth):
+        payload = [payload]
+    if fdp.ConsumeBool():
+        payload = fdp.ConsumeBytes(fdp.remaining_bytes())
+    event = OutboxEvent(texts[0], texts[1], texts[2], payload, headers)  # type: ignore[arg-type]
+    with contextlib.suppress(PayloadError):
+        _row(event)
+
+
+def settings(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    with contextlib.suppress(argparse.ArgumentTypeError):
+        duration(fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 40)))
+    with contextlib.suppress(ValueError):
+        parse_kafka_config([fdp.ConsumeUnicodeNoSurrogates(30) for _ in range(fdp.ConsumeIntInRange(0, 3))])
+    names = [
+        "POSTBOX_STRIPE_SECRETS",
+        "POSTBOX_STRIPE_TOLERANCE",
+        "POSTBOX_SHOPIFY_SECRETS",
+        "POSTBOX_MARQETA_USERNAME",
+        "POSTBOX_MARQETA_PASSWORD",
+        "POSTBOX_MARQETA_SECRET",
+        "POSTBOX_MARQETA_ALGORITHMS",
+        "POSTBOX_WEBHOOK_GENERIC",
+        "POSTBOX_WEBHOOK_ACME_SECRETS",
+        "POSTBOX_WEBHOOK_ACME_ALGORITHM",
+        "POSTBOX_WEBHOOK_ACME_ENCODING",
+        "POSTBOX_WEBHOOK_ACME_ID_FROM",
+    ]
+    environ = {name: fdp.ConsumeUnicodeNoSurrogates(12) for name in names if fdp.ConsumeBool()}
+    with contextlib.suppress(ValueError):
+        providers_from_env(environ)
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "stripe": stripe,
+    "shopify": shopify,
+    "marqeta": marqeta,
+    "generic": generic,
+    "message_id": message_id,
+    "outbox_row": outbox_row,
+    "settings": settings,
+}
