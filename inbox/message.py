@@ -76,7 +76,7 @@ class IdSource:
             return raw.decode("utf-8", errors="replace")
         try:
             node: Any = json.loads(value) if value is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply for json's parser
             raise MessageIdMissing("value is not JSON, so payload path cannot be read") from None
         for part in self.name.split("."):
             if not isinstance(node, dict) or part not in node:

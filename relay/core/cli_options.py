@@ -56,7 +56,7 @@ def duration(text: str) -> timedelta:
         if text and text[-1] in units:
             return timedelta(seconds=float(text[:-1]) * units[text[-1]])
         return timedelta(seconds=float(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: 1e20 or inf (found by the fuzzer)
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 36h or 7d") from None
 
 

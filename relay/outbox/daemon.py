@@ -310,7 +310,7 @@ class Relay:
                 deliveries[index] = report
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
-        outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], batch.topics, final)
+        outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], final)
         for index, delivery in enumerate(final):
             if delivery.disposition is Disposition.TOPIC_BLOCKED:
                 row = rows[index]

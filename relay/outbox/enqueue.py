@@ -69,6 +69,8 @@ def _row(event: OutboxEvent) -> tuple[object, ...]:
             payload_json, payload_bytes = _json(event.payload), None
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"payload of {event.event_type} is not JSON-serialisable: {exc}") from exc
+        except RecursionError:  # found by the fuzzer: a deeply nested payload escaped as RecursionError
+            raise PayloadError(f"payload of {event.event_type} is nested too deeply for JSON") from None
         _storable_text("payload", payload_json, is_json=True)
     return (
         event.event_id,

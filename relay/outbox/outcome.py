@@ -37,25 +37,15 @@ class BatchOutcome:
     published: int
     parked: int
     retried: int
-    blocked_topics: set[str]
-    fatal: str | None
 
 
-def decide(
-    row_ids: Sequence[int], aggregates: Sequence[str], topics: Sequence[str], deliveries: Sequence[Delivery]
-) -> BatchOutcome:
+def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequence[Delivery]) -> BatchOutcome:
     """Rows are in id order; `deliveries[i]` is the fate of row i's message."""
     outcomes: list[RowOutcome] = []
     held_back: set[str] = set()
-    blocked: set[str] = set()
-    fatal: str | None = None
     published = parked = retried = 0
-    for row_id, aggregate, topic, delivery in zip(row_ids, aggregates, topics, deliveries, strict=True):
+    for row_id, aggregate, delivery in zip(row_ids, aggregates, deliveries, strict=True):
         disposition = delivery.disposition
-        if disposition is Disposition.FATAL:
-            fatal = fatal or delivery.reason
-        if disposition is Disposition.TOPIC_BLOCKED:
-            blocked.add(topic)
         if disposition is Disposition.PARK:
             outcomes.append(RowOutcome(row_id, "failed", delivery.reason))
             parked += 1
@@ -69,4 +59,4 @@ def decide(
             )
             outcomes.append(RowOutcome(row_id, "pending", reason))
             retried += 1
-    return BatchOutcome(outcomes, published, parked, retried, blocked, fatal)
+    return BatchOutcome(outcomes, published, parked, retried)

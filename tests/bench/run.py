@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -537,6 +538,13 @@ def main() -> int:
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     args = parser.parse_args()
     parts = set(args.only or PARTS)
+
+    # Started in the background a process ignores SIGINT; SIGTERM must still run the cleanup below (the
+    # servers and processes the benchmark started would otherwise outlive it and skew the next run).
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
     tools = ["postbox"] if args.no_debezium else ["postbox", "debezium"]
     postgres = LocalPostgres(find_bin_dir(), settings={"wal_level": "logical"}).start()
     kafka = LocalKafka(default_partitions=PARTITIONS).start()

@@ -151,17 +151,19 @@ def fault_kill_consumer(c: Cluster, rng: random.Random) -> str:
 
 
 def fault_pause_broker(c: Cluster, rng: random.Random) -> str:
-    c.kafka.pause_node(c.kafka.nodes[0])
-    time.sleep(8)  # past the relays' 5 s delivery timeout
-    c.kafka.resume_node(c.kafka.nodes[0])
-    return "SIGSTOP the broker for 8 s (past the delivery timeout), then SIGCONT"
+    node = rng.choice(c.kafka.nodes)
+    c.kafka.pause_node(node)
+    time.sleep(8)  # past the relays' 5 s delivery timeout (and, in a cluster, past its session timeout)
+    c.kafka.resume_node(node)
+    return f"SIGSTOP broker {node.node_id} for 8 s (past the delivery timeout), then SIGCONT"
 
 
 def fault_kill_broker(c: Cluster, rng: random.Random) -> str:
-    c.kafka.stop_node(c.kafka.nodes[0], kill=True)
+    node = rng.choice(c.kafka.nodes)
+    c.kafka.stop_node(node, kill=True)
     time.sleep(3)
-    c.kafka.start_node(c.kafka.nodes[0])
-    return "SIGKILL the broker, restarted it 3 s later"
+    c.kafka.start_node(node)
+    return f"SIGKILL broker {node.node_id}, restarted it 3 s later"
 
 
 def fault_restart_postgres(c: Cluster, rng: random.Random) -> str:
@@ -202,10 +204,12 @@ def effects(dsn: str) -> list[str]:
         return [str(r[0]) for r in conn.execute("SELECT message_id FROM public.effects").fetchall()]
 
 
-def run_soak(duration: float, rate: float, fault_every: float, seed: int) -> Report:
+def run_soak(duration: float, rate: float, fault_every: float, seed: int, brokers: int = 1) -> Report:
+    """With brokers=3 the topic has three replicas (min.insync.replicas 2) and broker faults hit one node at
+    random: leadership moves while the relays keep producing."""
     rng = random.Random(seed)
     postgres = LocalPostgres(find_bin_dir()).start()
-    kafka = LocalKafka(default_partitions=6).start()
+    kafka = LocalKafka(nodes_count=brokers, default_partitions=6).start()
     cluster = Cluster(postgres, kafka)
     stop_writers = threading.Event()
     writers: list[Writer] = []
@@ -213,7 +217,7 @@ def run_soak(duration: float, rate: float, fault_every: float, seed: int) -> Rep
         with psycopg.connect(postgres.dsn, autocommit=True) as conn:
             migrate(conn, SCHEMA)
             conn.execute(SCHEMA_SQL)
-        create_topic(kafka.bootstrap, TOPIC, 6)
+        create_topic(kafka.bootstrap, TOPIC, 6, replication=brokers)
         cluster.relays = [cluster.relay() for _ in range(3)]
         cluster.consumers = [cluster.consumer() for _ in range(2)]
         writers = [
@@ -221,7 +225,10 @@ def run_soak(duration: float, rate: float, fault_every: float, seed: int) -> Rep
         ]
         for writer in writers:
             writer.start()
-        log(f"soak: {duration:.0f} s, {rate:g} events/s, a fault every ~{fault_every:g} s, seed {seed}")
+        log(
+            f"soak: {duration:.0f} s, {rate:g} events/s, a fault every ~{fault_every:g} s, seed {seed}, "
+            f"{brokers} broker(s)"
+        )
         deadline = time.monotonic() + duration
         faults: Counter_ = {}
         crashed: list[str] = []
@@ -283,6 +290,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="events written per second")
     parser.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--brokers", type=int, choices=[1, 3], default=1, help="Kafka nodes (3: replicated)")
     args = parser.parse_args()
 
     # Started in the background, a process ignores SIGINT; SIGTERM must still stop it with its cleanup
@@ -291,7 +299,7 @@ def main() -> int:
         raise SystemExit(f"stopped by signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
-    report = run_soak(args.duration, args.rate, args.fault_every, args.seed)
+    report = run_soak(args.duration, args.rate, args.fault_every, args.seed, args.brokers)
     return 0 if report.ok else 1
 
 

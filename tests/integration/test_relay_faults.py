@@ -184,6 +184,37 @@ def test_a_broker_stopped_longer_than_the_delivery_timeout_loses_nothing(
     check_delivery(records, written)
 
 
+def test_a_fatal_producer_error_keeps_the_undelivered_rows_and_exits_3(
+    servers: Servers, schema: str, own_kafka: Any
+) -> None:
+    """librdkafka's enable.gapless.guarantee turns messages timed out in flight into a fatal producer
+    error: a real one, raised by librdkafka itself. The relay must stop (exit 3) with the delivered rows
+    marked and the rest pending, for the next relay to publish."""
+    aggregate_type = f"fatal{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    write_sequenced(servers.database_url, schema, aggregate_type, ["a", "b"], 10, written, 3)
+    gapless = ("--delivery-timeout", "2", "--kafka-config", "enable.gapless.guarantee=true")
+    with RelayProcess(servers.database_url, own_kafka.bootstrap, schema, *gapless) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 20}, 60, what="phase 1"
+        )
+        own_kafka.pause_node(own_kafka.nodes[0])
+        write_sequenced(servers.database_url, schema, aggregate_type, ["c", "d"], 5, written, 4)
+        try:
+            assert relay.process.wait(timeout=90) == 3, relay.log()[-3000:]
+        finally:
+            own_kafka.resume_node(own_kafka.nodes[0])
+        assert "relay_fatal" in relay.log()
+    assert outbox_states(servers.database_url, schema) == {"published": 20, "pending": 10}
+    with RelayProcess(servers.database_url, own_kafka.bootstrap, schema) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"published": 30}, 60, what="phase 2"
+        )
+        assert relay.terminate() == 0
+    records = read_topic(own_kafka.bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
 def test_a_too_large_payload_is_parked_while_its_neighbours_flow(
     servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:

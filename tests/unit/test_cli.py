@@ -1,7 +1,10 @@
+import argparse
+
 import pytest
 
 from relay import __version__
 from relay.cli import build_parser, main
+from relay.core.cli_options import duration
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,3 +40,10 @@ def test_relay_run_without_a_database_names_the_setting(
     with pytest.raises(SystemExit):
         main(["relay", "run", "--kafka-bootstrap", "k:1"])
     assert "POSTBOX_DATABASE_URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["1e20", "inf", "1e400d", "nan"])
+def test_an_absurd_duration_is_a_clear_error(text: str) -> None:
+    # Found by the atheris target settings: 1e20 and inf escaped as OverflowError.
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a duration"):
+        duration(text)

@@ -48,3 +48,12 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def test_a_payload_nested_too_deeply_is_a_payload_error() -> None:
+    # Found by the atheris target outbox_row: it used to escape as RecursionError.
+    payload: object = "leaf"
+    for _ in range(5000):
+        payload = [payload]
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        _row(OutboxEvent("order", "o-1", "Placed", payload))  # type: ignore[arg-type]

@@ -96,5 +96,5 @@ def test_refusals_before_the_database_answer_clearly() -> None:
 
 
 def test_outcome_reasons_are_the_broker_errors_not_payloads() -> None:
-    outcome = decide([1], ["a"], ["t"], [Delivery(Disposition.PARK, "Broker: Message size too large")])
+    outcome = decide([1], ["a"], [Delivery(Disposition.PARK, "Broker: Message size too large")])
     assert outcome.rows[0].error == "Broker: Message size too large"

@@ -5,14 +5,14 @@ OK = Delivery(None)
 
 
 def test_all_delivered_are_published() -> None:
-    outcome = decide([1, 2], ["a", "b"], ["t", "t"], [OK, OK])
+    outcome = decide([1, 2], ["a", "b"], [OK, OK])
     assert [(r.row_id, r.state) for r in outcome.rows] == [(1, "published"), (2, "published")]
     assert (outcome.published, outcome.parked, outcome.retried) == (2, 0, 0)
 
 
 def test_a_permanent_failure_parks_only_that_row() -> None:
     too_big = Delivery(Disposition.PARK, "Broker: Message size too large")
-    outcome = decide([1, 2, 3], ["a", "a", "b"], ["t"] * 3, [OK, too_big, OK])
+    outcome = decide([1, 2, 3], ["a", "a", "b"], [OK, too_big, OK])
     assert [(r.state, r.error) for r in outcome.rows] == [
         ("published", None),
         ("failed", "Broker: Message size too large"),
@@ -22,16 +22,16 @@ def test_a_permanent_failure_parks_only_that_row() -> None:
 
 def test_after_a_retry_the_same_aggregate_is_held_back_but_others_flow() -> None:
     timeout = Delivery(Disposition.RETRY, "Local: Message timed out")
-    outcome = decide([1, 2, 3, 4], ["a", "b", "a", "b"], ["t"] * 4, [timeout, OK, OK, OK])
+    outcome = decide([1, 2, 3, 4], ["a", "b", "a", "b"], [timeout, OK, OK, OK])
     assert [r.state for r in outcome.rows] == ["pending", "published", "pending", "published"]
     assert outcome.rows[2].error == "held back behind an earlier failed event"
     assert outcome.retried == 2
 
 
-def test_blocked_topics_and_fatal_errors_are_reported() -> None:
+def test_rows_of_a_blocked_topic_or_a_fatal_error_stay_pending_with_the_reason() -> None:
+    # The daemon blocks the topic and stops on the producer's fatal flag; the rows wait for either.
     blocked = Delivery(Disposition.TOPIC_BLOCKED, "unknown topic")
     fatal = Delivery(Disposition.FATAL, "fenced")
-    outcome = decide([1, 2], ["a", "b"], ["t1", "t2"], [blocked, fatal])
-    assert outcome.blocked_topics == {"t1"}
-    assert outcome.fatal == "fenced"
-    assert [r.state for r in outcome.rows] == ["pending", "pending"]
+    outcome = decide([1, 2], ["a", "b"], [blocked, fatal])
+    assert [(r.state, r.error) for r in outcome.rows] == [("pending", "unknown topic"), ("pending", "fenced")]
+    assert outcome.retried == 2

@@ -201,3 +201,25 @@ def test_fuzzed_requests_only_ever_fail_verification_or_parsing_cleanly(
     # Garbage may be refused, but only as MalformedWebhook (a 400), never as a crash (a 500).
     with contextlib.suppress(MalformedWebhook):
         provider.events(headers, body)  # type: ignore[attr-defined]
+
+
+# Found by the atheris targets (tests/fuzz): each escaped as an exception the callers do not expect.
+
+
+def test_a_deeply_nested_body_is_malformed_not_a_crash() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(MalformedWebhook, match="nested too deeply"):
+        Stripe(("whsec_x",)).events({}, deep)
+
+
+def test_a_unicode_digit_timestamp_is_a_signature_error() -> None:
+    with pytest.raises(SignatureError):
+        Stripe(("whsec_x",)).verify({"stripe-signature": "t=\u00b2,v1=00"}, b"{}", 0)
+
+
+def test_a_prefixed_base64_signature_with_padding_verifies() -> None:
+    provider = GenericHmac("acme", ("s3cret",), encoding="base64")
+    body = b"x"  # its SHA-256 HMAC in base64 ends in "=" padding
+    signature = base64.b64encode(hmac.new(b"s3cret", body, hashlib.sha256).digest()).decode()
+    assert signature.endswith("=")
+    provider.verify({"x-signature": f"sha256={signature}"}, body, 0)
