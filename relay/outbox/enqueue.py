@@ -60,6 +60,8 @@ def _row(event: OutboxEvent) -> tuple[object, ...]:
         _storable_text(name, value)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in event.headers.items()):
         raise PayloadError("headers must map str to str")
+    if "" in event.headers:
+        raise PayloadError("a header name is empty (Kafka clients drop such headers)")
     headers_json = _json(dict(event.headers))
     _storable_text("headers", headers_json, is_json=True)
     if isinstance(event.payload, bytes | bytearray | memoryview):

@@ -64,6 +64,8 @@ def to_message(row: OutboxRow, template: str, type_header: str | None = None) ->
     if type_header:
         headers.append((type_header, row.event_type.encode()))
     for name, value in (row.headers or {}).items():
+        if not name:  # before the next test: with no type header configured, type_header is "" too
+            raise RoutingError("a header name is empty (Kafka clients drop such headers)")
         if name in (ID_HEADER, type_header):
             continue  # the event id is authoritative; a user header must not forge it
         if not isinstance(value, str):

@@ -57,3 +57,8 @@ def test_a_payload_nested_too_deeply_is_a_payload_error() -> None:
         payload = [payload]
     with pytest.raises(PayloadError, match="nested too deeply"):
         _row(OutboxEvent("order", "o-1", "Placed", payload))  # type: ignore[arg-type]
+
+
+def test_an_empty_header_name_is_refused() -> None:
+    with pytest.raises(PayloadError, match="empty"):
+        _row(OutboxEvent("order", "o-1", "Placed", {}, {"": "x"}))

@@ -62,3 +62,8 @@ def test_bad_templates_are_rejected(template: str) -> None:
 def test_the_event_type_header_is_opt_in() -> None:
     assert ("eventType", b"OrderPlaced") in to_message(row(), "t", "eventType").headers
     assert all(name != "eventType" for name, _ in to_message(row(), "t").headers)
+
+
+def test_an_empty_header_name_is_a_routing_error() -> None:
+    with pytest.raises(RoutingError, match="empty"):
+        to_message(row(headers={"": "x"}), "outbox.event.{aggregate_type}")
