@@ -293,7 +293,7 @@ class Relay:
                 deliveries[index] = gate
                 continue
             try:
-                messages.append(to_message(row, template, self.settings.event_type_header))
+                messages.append(to_message(row, topic, self.settings.event_type_header))
                 sent.append(index)
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))

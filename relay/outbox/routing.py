@@ -57,9 +57,10 @@ def topic_for(row: OutboxRow, template: str) -> str:
     return template.format(aggregate_type=row.aggregate_type, event_type=row.event_type)
 
 
-def to_message(row: OutboxRow, template: str, type_header: str | None = None) -> Message:
-    """The Kafka message for a row. `type_header`, when set, also carries the event type (the usual
-    Debezium option `table.fields.additional.placement=type:header:eventType`)."""
+def to_message(row: OutboxRow, topic: str, type_header: str | None = None) -> Message:
+    """The Kafka message for a row, to `topic` (from `topic_for`, which the relay has already called to
+    check the topic). `type_header`, when set, also carries the event type (the usual Debezium option
+    `table.fields.additional.placement=type:header:eventType`)."""
     headers: list[tuple[str, str | bytes | None]] = [(ID_HEADER, row.event_id.encode())]
     if type_header:
         headers.append((type_header, row.event_type.encode()))
@@ -77,4 +78,4 @@ def to_message(row: OutboxRow, template: str, type_header: str | None = None) ->
         value_bytes = row.payload.encode()
     else:
         value_bytes = None  # a tombstone, as Debezium emits for a NULL payload
-    return Message(topic_for(row, template), row.aggregate_id.encode(), value_bytes, headers)
+    return Message(topic, row.aggregate_id.encode(), value_bytes, headers)
