@@ -10,8 +10,9 @@ from typing import Any
 
 def env_flag(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kwargs: Any) -> None:
     """Add `flag`, defaulting to $env; the help text names the variable so users can find it."""
-    default = kwargs.pop("default", None)
     kind = kwargs.get("type")
+    # A switch is False unless given: None would reach SQL as NULL, where it is neither true nor false.
+    default = kwargs.pop("default", False if kwargs.get("action") == "store_true" else None)
     if env in os.environ:
         raw = os.environ[env]
         if kwargs.get("action") == "store_true":

@@ -83,6 +83,14 @@ def add_relay_commands(commands: Any) -> None:
     )
     env_flag(
         run,
+        "--delete-on-publish",
+        "POSTBOX_DELETE_ON_PUBLISH",
+        "delete each row once Kafka has acknowledged it, in the statement that would mark it published "
+        "(cheaper than an update; no published rows are kept for audit or replay)",
+        action="store_true",
+    )
+    env_flag(
+        run,
         "--prune-interval",
         "POSTBOX_PRUNE_INTERVAL",
         "seconds between the daemon's pruning runs (with --prune-retention)",
@@ -168,6 +176,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         delivery_timeout=args.delivery_timeout,
         topic_template=args.topic_template,
         prune_retention=args.prune_retention,
+        delete_on_publish=args.delete_on_publish,
         prune_interval=args.prune_interval,
         topic_recheck_interval=args.topic_recheck_interval,
         event_type_header=args.event_type_header,

@@ -169,6 +169,9 @@ class Relay:
         if self._batch_conns and self._lease_conn is not None:
             return
         self._batch_conns = [self._connect(False) for _ in range(self.settings.lanes)]
+        for conn in self._batch_conns:
+            conn.execute(query(QUERIES, "lane_session"))
+            conn.commit()
         self._lease_conn = self._connect(True)
         if self.settings.listen:
             # Its own connection, used for nothing else, so no notification is consumed by another query.
@@ -325,6 +328,7 @@ class Relay:
                 "ids": [o.row_id for o in outcome.rows],
                 "states": [o.state for o in outcome.rows],
                 "errors": [o.error for o in outcome.rows],
+                "delete_published": self.settings.delete_on_publish,
             },
         ).rowcount
         batch.conn.commit()

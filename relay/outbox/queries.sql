@@ -6,6 +6,12 @@
 -- shard at once: a shard whose lock is taken is left out of this batch entirely, so SKIP LOCKED can never
 -- skip an earlier row of an aggregate and publish a later one first.
 -- The id as text and empty headers as NULL spare the relay a UUID object and a JSON parse for every row.
+-- ORDER BY id, shard (the same order as by id alone: ids are unique) matches only outbox_pending_idx
+-- (id, shard), never the primary key; with lane_session's settings that makes this index, with the shard
+-- filter inside it, the only plan. Left to the statistics, the planner picks a bitmap scan of every
+-- pending row plus a sort right after a bulk insert (statistics say the table is small), or the primary
+-- key past every published row after an ANALYZE taken mid-backlog (statistics say every row is pending):
+-- both cost a claim tens to hundreds of milliseconds on a large backlog instead of a few.
 SELECT id, event_id::text, aggregate_type, aggregate_id, event_type, payload::text, payload_bytes,
        nullif(headers, '{}'::jsonb), topic, shard, extract(epoch FROM created_at)::float8
 FROM outbox
@@ -15,27 +21,45 @@ WHERE state = 'pending'
         WHERE pg_try_advisory_xact_lock(%(lock_space)s, s)))
   AND NOT (coalesce(topic, '') = ANY (%(blocked_topics)s::text[]))
   AND NOT (topic IS NULL AND aggregate_type = ANY (%(blocked_types)s::text[]))
-ORDER BY id
+ORDER BY id, shard
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: lane_session
+-- Run once on each lane connection, which runs only claim_batch, mark_batch and prune_batch. A disabled
+-- plan type is still used where nothing else can answer, so no statement can fail for these.
+SELECT set_config('enable_sort', 'off', false),
+       set_config('enable_incremental_sort', 'off', false),
+       set_config('enable_bitmapscan', 'off', false)
+
 -- name: mark_batch
 -- One statement for the whole batch: published, parked (failed) and to-retry rows, each with its reason.
+-- With delete_published (--delete-on-publish) published rows are deleted instead of updated: a delete
+-- writes no new row version and no index entries, where the update copies the whole row, payload included.
 -- The fence: only rows of shards whose lease this replica still holds (by the database clock) change.
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(errors)s::text[]) AS o(id, state, error)
 ), held AS (
     SELECT shard FROM outbox_shard_lease
     WHERE owner = %(relay_id)s AND expires_at > clock_timestamp()
+), deleted AS (
+    DELETE FROM outbox AS t
+    USING outcome AS o
+    WHERE %(delete_published)s::boolean AND o.state = 'published'
+      AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
+    RETURNING t.id
+), updated AS (
+    UPDATE outbox AS t
+    SET state        = o.state,
+        published_at = CASE WHEN o.state = 'published' THEN clock_timestamp() END,
+        attempts     = t.attempts + 1,
+        last_error   = o.error
+    FROM outcome AS o
+    WHERE NOT (%(delete_published)s::boolean AND o.state = 'published')
+      AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
+    RETURNING t.id
 )
-UPDATE outbox AS t
-SET state        = o.state,
-    published_at = CASE WHEN o.state = 'published' THEN clock_timestamp() END,
-    attempts     = t.attempts + 1,
-    last_error   = o.error
-FROM outcome AS o
-WHERE t.id = o.id AND t.shard IN (SELECT shard FROM held)
-RETURNING t.id
+SELECT id FROM deleted UNION ALL SELECT id FROM updated
 
 -- name: heartbeat
 INSERT INTO outbox_relay_member (relay_id, last_seen, backend_pid)

@@ -33,6 +33,7 @@ class RelaySettings:
     delivery_timeout: float = 20.0
     topic_template: str = DEFAULT_TOPIC_TEMPLATE
     prune_retention: timedelta | None = None
+    delete_on_publish: bool = False  # delete a row in the mark statement instead of marking it published
     prune_interval: float = 60.0
     topic_recheck_interval: float = 30.0
     event_type_header: str = ""  # off by default: exactly Debezium's default wire format

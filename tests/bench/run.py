@@ -143,12 +143,13 @@ def preload(s: Servers, rows: int, payload: str, aggregate_type: str = "order") 
         return time.perf_counter()
 
 
-def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int) -> float:
+def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_published: bool) -> float:
     """The relay's own claim + mark statements with no Kafka: the database's ceiling for the relay."""
     s.fresh_schema()
     preload(s, rows, payload)
     with psycopg.connect(s.postgres.dsn) as conn:
         conn.execute("SET search_path TO postbox")
+        conn.execute(query(QUERIES, "lane_session"))
         conn.execute("UPDATE outbox_shard_lease SET owner = 'bench', expires_at = now() + interval '1 day'")
         conn.commit()
         claim, mark = query(QUERIES, "claim_batch"), query(QUERIES, "mark_batch")
@@ -178,6 +179,7 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int) -> float:
                         "ids": ids,
                         "states": ["published"] * len(ids),
                         "errors": [None] * len(ids),
+                        "delete_published": delete_published,
                     },
                 )
             done += len(ids)
@@ -571,10 +573,15 @@ def main() -> int:
             if "limits" in parts:
                 inserts = repeat(args.runs, lambda p=payload: bench_insert_rate(s, 5, p))
                 say(f"limit: single-row-commit inserts/s      {median_spread(inserts)}")
-                claims = repeat(
-                    args.runs, lambda p=payload: bench_claim_mark(s, min(args.rows, 300_000), p, 500)
-                )
-                say(f"limit: claim+mark SQL rows/s (no Kafka) {median_spread(claims)}")
+                for delete in (False, True):
+                    claims = repeat(
+                        args.runs,
+                        lambda p=payload, d=delete: bench_claim_mark(
+                            s, min(args.rows, 300_000), p, args.relay_batch_size, d
+                        ),
+                    )
+                    how = "delete" if delete else "update"
+                    say(f"limit: claim+mark({how}) SQL rows/s, no Kafka {median_spread(claims)}")
                 produced = repeat(
                     args.runs, lambda p=payload: bench_raw_producer(s, min(args.rows, 500_000), p)[0]
                 )

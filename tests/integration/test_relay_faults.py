@@ -488,6 +488,33 @@ def test_the_daemon_prunes_published_rows_on_its_schedule_and_never_the_others(
         assert "relay_pruned" in relay.log()
 
 
+def test_delete_on_publish_deletes_what_kafka_acknowledged_and_keeps_parked_rows(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    aggregate_type = f"del{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(servers.database_url) as app:
+        ids = enqueue_many(
+            app, [OutboxEvent(aggregate_type, f"a{i % 4}", "E", {"seq": i}) for i in range(50)], schema=schema
+        )
+        big_id = enqueue(app, aggregate_type, "a9", "Huge", {"blob": "x" * 2_000_000}, schema=schema)
+        app.commit()
+    with RelayProcess(
+        servers.database_url, servers.kafka_bootstrap, schema, "--delete-on-publish", "--batch-size", "16"
+    ) as relay:
+        wait_until(
+            lambda: outbox_states(servers.database_url, schema) == {"failed": 1},
+            60,
+            what="published rows deleted, the parked one kept",
+        )
+        assert relay.terminate() == 0
+    row = db.execute("SELECT event_id, last_error FROM outbox").fetchone()
+    assert row is not None
+    assert row[0] == big_id
+    assert "too large" in str(row[1]).lower()
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(ids))
+    assert sorted(r.headers["id"].decode() for r in records) == sorted(map(str, ids))
+
+
 def test_a_relay_that_lost_leases_and_then_its_connection_carries_on(
     servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:

@@ -24,6 +24,16 @@ def test_every_relay_run_flag_can_come_from_the_environment(monkeypatch: pytest.
     assert flag_wins.batch_size == 5
 
 
+def test_a_switch_that_is_not_given_is_false_not_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POSTBOX_NO_LISTEN", raising=False)
+    monkeypatch.delenv("POSTBOX_DELETE_ON_PUBLISH", raising=False)
+    args = build_parser().parse_args(["relay", "run"])
+    assert args.no_listen is False
+    assert args.delete_on_publish is False
+    monkeypatch.setenv("POSTBOX_DELETE_ON_PUBLISH", "yes")
+    assert build_parser().parse_args(["relay", "run"]).delete_on_publish is True
+
+
 def test_a_malformed_environment_value_is_rejected_with_its_name(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,87 @@
+"""The relay's own SQL on a real PostgreSQL: the claim's plan, and the mark statement's fence when it
+deletes published rows (--delete-on-publish)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from relay.core.db import connect
+from relay.core.sql import query
+from relay.outbox.daemon import QUERIES
+from tests.servers import Servers
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+def backlog(db: Connection, rows: int, aggregates: int = 500) -> None:
+    db.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+        "SELECT 'order', 'o-' || (i %% %s), 'Placed', '{}'::jsonb FROM generate_series(1, %s) AS i",
+        (aggregates, rows),
+    )
+
+
+def claim_plan(conn: Connection, shards: list[int]) -> str:
+    params = {"shards": shards, "lock_space": 1, "limit": 1000, "blocked_topics": [], "blocked_types": []}
+    plan = "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + query(QUERIES, "claim_batch"), params))
+    conn.rollback()
+    return plan
+
+
+@pytest.mark.parametrize("statistics", ["stale after a bulk insert", "taken mid-backlog"])
+def test_the_claim_walks_the_pending_index_in_id_order_whatever_the_statistics(
+    servers: Servers, schema: str, db: Connection, statistics: str
+) -> None:
+    # An empty table analyzed, then a large backlog: the planner believes the table is tiny. Or the backlog
+    # analyzed while every row is pending, then most of it published: the planner believes all are pending.
+    db.execute("ANALYZE outbox")
+    backlog(db, 60_000)
+    if statistics == "taken mid-backlog":
+        db.execute("ANALYZE outbox")
+        db.execute("UPDATE outbox SET state = 'published' WHERE id <= 50000")
+    with connect(servers.database_url, schema) as lane:
+        lane.execute(query(QUERIES, "lane_session"))
+        lane.commit()
+        for shards in (list(range(64)), list(range(0, 64, 6))):
+            plan = claim_plan(lane, shards)
+            assert "Index Scan using outbox_pending_idx" in plan, plan
+            assert "Index Cond: (shard = ANY" in plan, plan
+            assert "Sort" not in plan, plan
+            assert "Bitmap" not in plan, plan
+
+
+def test_mark_deletes_published_rows_keeps_the_rest_and_is_fenced_on_the_lease(
+    schema: str, db: Connection
+) -> None:
+    backlog(db, 40, aggregates=5)
+    rows = db.execute("SELECT id, shard FROM outbox ORDER BY id").fetchall()
+    held_shard = rows[0][1]
+    db.execute(
+        "UPDATE outbox_shard_lease SET owner = 'me', expires_at = now() + interval '1 minute' "
+        "WHERE shard = %s",
+        (held_shard,),
+    )
+    mine = [r[0] for r in rows if r[1] == held_shard]
+    others = [r[0] for r in rows if r[1] != held_shard]
+    assert len(mine) >= 3, "several rows in the held shard"
+    assert others, "rows in other shards too"
+    # Mine: published, parked, to retry; one row of another replica's shard, reported published.
+    ids = [*mine[:3], others[0]]
+    states = ["published", "failed", "pending", "published"]
+    errors = [None, "too large", "broker down", None]
+    marked = db.execute(
+        query(QUERIES, "mark_batch"),
+        {"relay_id": "me", "ids": ids, "states": states, "errors": errors, "delete_published": True},
+    ).fetchall()
+    assert sorted(r[0] for r in marked) == sorted(mine[:3])
+    left = {
+        r[0]: (r[1], r[2], r[3]) for r in db.execute("SELECT id, state, attempts, last_error FROM outbox")
+    }
+    assert mine[0] not in left, "a published row of a held shard is deleted"
+    assert left[mine[1]] == ("failed", 1, "too large")
+    assert left[mine[2]] == ("pending", 1, "broker down")
+    assert left[others[0]] == ("pending", 0, None), "no lease on its shard: fenced, untouched"
+    assert len(left) == 39
