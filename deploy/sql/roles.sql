@@ -10,7 +10,8 @@ GRANT SELECT, UPDATE ON :"schema".outbox TO postbox_relay;
 GRANT SELECT, UPDATE ON :"schema".outbox_shard_lease TO postbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox_relay;
 
--- Pruning published rows (`postbox relay prune`, or --prune-retention in the daemon) also needs DELETE;
+-- Pruning published rows (`postbox relay prune`, or --prune-retention or --delete-on-publish in the daemon)
+-- also needs DELETE;
 -- grant it to a separate maintenance role, or to postbox_relay if the daemon prunes:
 --   GRANT DELETE ON :"schema".outbox TO postbox_relay;
 

@@ -203,7 +203,7 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from relay.core.db import connect  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
-    from relay.outbox.daemon import FatalRelayError, Relay  # noqa: PLC0415
+    from relay.outbox.daemon import FatalRelayError, Relay, RelayConfigurationError  # noqa: PLC0415
     from relay.outbox.metrics import RelayMetrics, record_librdkafka_statistics  # noqa: PLC0415
     from relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
 
@@ -239,6 +239,9 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except FatalRelayError as exc:
             log.error("relay_fatal", error=str(exc))
             return 3
+        except RelayConfigurationError as exc:
+            log.error("relay_misconfigured", error=str(exc))
+            return 2
 
 
 def _cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -49,6 +49,10 @@ class FatalRelayError(RuntimeError):
     """The relay cannot go on (fatal producer error); delivered rows were marked, nothing else."""
 
 
+class RelayConfigurationError(RuntimeError):
+    """A setting the database cannot honour, found once connected and before anything is claimed."""
+
+
 @dataclass
 class TopicGate:
     """Topics known to be usable, and those held back by a configuration error with their row filter."""
@@ -173,6 +177,13 @@ class Relay:
             conn.execute(query(QUERIES, "lane_session"))
             conn.commit()
         self._lease_conn = self._connect(True)
+        if self.settings.delete_on_publish:
+            allowed = self._lease_conn.execute(query(QUERIES, "may_delete")).fetchone()
+            if not (allowed and allowed[0]):
+                raise RelayConfigurationError(
+                    "delete-on-publish: this role may not DELETE from the outbox "
+                    f"(GRANT DELETE ON {self.settings.schema}.outbox TO the relay's role)"
+                )
         if self.settings.listen:
             # Its own connection, used for nothing else, so no notification is consumed by another query.
             self._listen_conn = self._connect(True)
@@ -322,13 +333,12 @@ class Relay:
                 )
         self.metrics.blocked_topics.set(len(self._topics.blocked))
         marked = batch.conn.execute(
-            query(QUERIES, "mark_batch"),
+            query(QUERIES, "mark_batch_deleting" if self.settings.delete_on_publish else "mark_batch"),
             {
                 "relay_id": self.settings.relay_id,
                 "ids": [o.row_id for o in outcome.rows],
                 "states": [o.state for o in outcome.rows],
                 "errors": [o.error for o in outcome.rows],
-                "delete_published": self.settings.delete_on_publish,
             },
         ).rowcount
         batch.conn.commit()

@@ -26,7 +26,7 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
 -- name: lane_session
--- Run once on each lane connection, which runs only claim_batch, mark_batch and prune_batch. A disabled
+-- Run once on each lane connection, which runs only the claim, the mark statements and prune_batch. A disabled
 -- plan type is still used where nothing else can answer, so no statement can fail for these.
 SELECT set_config('enable_sort', 'off', false),
        set_config('enable_incremental_sort', 'off', false),
@@ -34,9 +34,27 @@ SELECT set_config('enable_sort', 'off', false),
 
 -- name: mark_batch
 -- One statement for the whole batch: published, parked (failed) and to-retry rows, each with its reason.
--- With delete_published (--delete-on-publish) published rows are deleted instead of updated: a delete
--- writes no new row version and no index entries, where the update copies the whole row, payload included.
 -- The fence: only rows of shards whose lease this replica still holds (by the database clock) change.
+WITH outcome AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(errors)s::text[]) AS o(id, state, error)
+), held AS (
+    SELECT shard FROM outbox_shard_lease
+    WHERE owner = %(relay_id)s AND expires_at > clock_timestamp()
+)
+UPDATE outbox AS t
+SET state        = o.state,
+    published_at = CASE WHEN o.state = 'published' THEN clock_timestamp() END,
+    attempts     = t.attempts + 1,
+    last_error   = o.error
+FROM outcome AS o
+WHERE t.id = o.id AND t.shard IN (SELECT shard FROM held)
+RETURNING t.id
+
+-- name: mark_batch_deleting
+-- mark_batch for --delete-on-publish: published rows are deleted instead of updated (a delete writes no
+-- new row version and no index entries, where the update copies the whole row, payload included); parked
+-- and to-retry rows are updated as in mark_batch, under the same fence. A statement of its own because
+-- PostgreSQL checks the DELETE privilege for a DELETE anywhere in a statement, even one that deletes nothing.
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(errors)s::text[]) AS o(id, state, error)
 ), held AS (
@@ -45,21 +63,22 @@ WITH outcome AS (
 ), deleted AS (
     DELETE FROM outbox AS t
     USING outcome AS o
-    WHERE %(delete_published)s::boolean AND o.state = 'published'
-      AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
+    WHERE o.state = 'published' AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
     RETURNING t.id
 ), updated AS (
     UPDATE outbox AS t
-    SET state        = o.state,
-        published_at = CASE WHEN o.state = 'published' THEN clock_timestamp() END,
-        attempts     = t.attempts + 1,
-        last_error   = o.error
+    SET state      = o.state,
+        attempts   = t.attempts + 1,
+        last_error = o.error
     FROM outcome AS o
-    WHERE NOT (%(delete_published)s::boolean AND o.state = 'published')
-      AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
+    WHERE o.state <> 'published' AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
     RETURNING t.id
 )
 SELECT id FROM deleted UNION ALL SELECT id FROM updated
+
+-- name: may_delete
+-- --delete-on-publish needs DELETE on the outbox, which the least-privilege relay role lacks.
+SELECT has_table_privilege('outbox', 'DELETE')
 
 -- name: heartbeat
 INSERT INTO outbox_relay_member (relay_id, last_seen, backend_pid)

@@ -152,7 +152,8 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_pub
         conn.execute(query(QUERIES, "lane_session"))
         conn.execute("UPDATE outbox_shard_lease SET owner = 'bench', expires_at = now() + interval '1 day'")
         conn.commit()
-        claim, mark = query(QUERIES, "claim_batch"), query(QUERIES, "mark_batch")
+        claim = query(QUERIES, "claim_batch")
+        mark = query(QUERIES, "mark_batch_deleting" if delete_published else "mark_batch")
         done = 0
         started = time.perf_counter()
         while True:
@@ -179,7 +180,6 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_pub
                         "ids": ids,
                         "states": ["published"] * len(ids),
                         "errors": [None] * len(ids),
-                        "delete_published": delete_published,
                     },
                 )
             done += len(ids)

@@ -205,6 +205,15 @@ def test_the_relay_works_with_only_its_least_privilege_grants(own_postgres: Any,
         assert relay.terminate() == 0
     with psycopg.connect(relay_dsn) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("DELETE FROM postbox.outbox")
+    # Without the DELETE grant, --delete-on-publish is refused before anything is claimed or sent.
+    with psycopg.connect(f"postgresql://orders_service@{host_part}") as app:
+        enqueue(app, "least", "a", "E", {"i": "after"})
+        app.commit()
+    with RelayProcess(relay_dsn, servers.kafka_bootstrap, "postbox", "--delete-on-publish") as relay:
+        assert relay.process.wait(timeout=30) == 2
+        assert "relay_misconfigured" in relay.log()
+        assert "GRANT DELETE ON postbox.outbox" in relay.log()
+    assert outbox_states(own_postgres.dsn, "postbox") == {"published": 20, "pending": 1}
 
 
 def test_a_real_prometheus_scrapes_a_running_relay_and_promtool_accepts_its_metrics(

@@ -73,8 +73,8 @@ def test_mark_deletes_published_rows_keeps_the_rest_and_is_fenced_on_the_lease(
     states = ["published", "failed", "pending", "published"]
     errors = [None, "too large", "broker down", None]
     marked = db.execute(
-        query(QUERIES, "mark_batch"),
-        {"relay_id": "me", "ids": ids, "states": states, "errors": errors, "delete_published": True},
+        query(QUERIES, "mark_batch_deleting"),
+        {"relay_id": "me", "ids": ids, "states": states, "errors": errors},
     ).fetchall()
     assert sorted(r[0] for r in marked) == sorted(mine[:3])
     left = {
