@@ -95,7 +95,8 @@ class Servers:
 
 
 def process_usage(process_id: int) -> tuple[float, float]:
-    """(peak resident MB, CPU seconds) of a live process, from /proc."""
+    """(peak resident MB, CPU seconds since it started) of a live process, from /proc. Callers take the
+    CPU figure before and after what they measure, so start-up (a JVM's above all) is left out."""
     status = Path(f"/proc/{process_id}/status").read_text()
     peak_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
     fields = Path(f"/proc/{process_id}/stat").read_text().rsplit(")", 1)[1].split()
@@ -201,6 +202,10 @@ def bench_raw_producer(s: Servers, messages: int, payload: str) -> tuple[float, 
             "queue.buffering.max.messages": 1_000_000,
         }
     )
+    # The idempotent producer first acquires its producer id (the broker may answer "coordinator load in
+    # progress" for a while after it starts): done before the clock starts, as a relay does it at start-up.
+    producer.produce(f"{topic}-warmup", b"")
+    producer.flush(60)
     value = payload.encode()
     errors = 0
 
@@ -302,6 +307,7 @@ def bench_drain(
     s.fresh_schema()
     aggregate_type, topic = s.fresh_topic("drain")
     with publishing(s, tool, replicas, relay_args) as publishers:
+        cpu_before = sum(process_usage(p.process_id)[1] for p in publishers)
         visible = preload(s, rows, payload, aggregate_type)
         if tool == "postbox":
             while pending(s) > 0:
@@ -314,7 +320,7 @@ def bench_drain(
         for publisher in publishers:
             publisher.terminate()
     assert on_broker(s.kafka.bootstrap, topic) >= rows
-    return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage)
+    return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage) - cpu_before
 
 
 def bench_latency(
@@ -366,6 +372,7 @@ def bench_latency(
             reader = threading.Thread(target=consume)
             reader.start()
             time.sleep(3)  # the consumer joins its group before the clock starts
+            _, cpu_before = process_usage(publishers[0].process_id)
             writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
             for thread in writers:
                 thread.start()
@@ -375,6 +382,7 @@ def bench_latency(
             stop.set()
             reader.join()
             peak, cpu = process_usage(publishers[0].process_id)
+            cpu -= cpu_before
             publishers[0].terminate()
     finally:
         stop.set()
@@ -588,15 +596,19 @@ def main() -> int:
                 say(f"limit: raw producer msgs/s              {median_spread(produced)}")
             if "drain" not in parts:
                 continue
-            for tool, replicas in [("postbox", 1), ("postbox", 3)] + [("debezium", 1)] * (len(tools) - 1):
+            drains = [
+                ("postbox, 1 relay            ", "postbox", 1, relay_args),
+                ("postbox, 3 relays           ", "postbox", 3, relay_args),
+                ("postbox, 1 relay, delete    ", "postbox", 1, (*relay_args, "--delete-on-publish")),
+            ] + [("Debezium, 1 task            ", "debezium", 1, ())] * (len(tools) - 1)
+            for who, tool, replicas, extra in drains:
                 results = [
-                    bench_drain(s, args.rows, payload, tool, replicas, relay_args) for _ in range(args.runs)
+                    bench_drain(s, args.rows, payload, tool, replicas, extra) for _ in range(args.runs)
                 ]
-                who = f"postbox, {replicas} relay(s)" if tool == "postbox" else "Debezium, 1 task     "
                 say(
                     f"drain {who}: events/s {median_spread([r[0] for r in results])}; "
                     f"peak RSS per process {max(r[1] for r in results):.0f} MB; "
-                    f"CPU {statistics.median(r[2] for r in results):.1f} s"
+                    f"CPU {statistics.median(r[2] for r in results):.1f} s while draining"
                 )
         if "latency" in parts:
             say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
