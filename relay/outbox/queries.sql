@@ -26,8 +26,8 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
 -- name: lane_session
--- Run once on each lane connection, which runs only the claim, the mark statements and prune_batch. A disabled
--- plan type is still used where nothing else can answer, so no statement can fail for these.
+-- Run once on each lane connection, which runs only the claim, the mark statements and prune_batch.
+-- A disabled plan type is still used where nothing else can answer, so no statement can fail for these.
 SELECT set_config('enable_sort', 'off', false),
        set_config('enable_incremental_sort', 'off', false),
        set_config('enable_bitmapscan', 'off', false)

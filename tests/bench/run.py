@@ -104,6 +104,13 @@ def process_usage(process_id: int) -> tuple[float, float]:
     return peak_kb / 1024, cpu
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds spent by every process on the machine since boot (all cores, idle and iowait left out):
+    the difference across a drain is what it cost the whole machine (PostgreSQL, Kafka and the publisher)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def on_broker(bootstrap: str, topic: str) -> int:
     """Messages in `topic` (its partitions' high watermarks: a fresh topic, so no gaps)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks"})
@@ -302,13 +309,15 @@ def publishing(
 
 def bench_drain(
     s: Servers, rows: int, payload: str, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = ()
-) -> tuple[float, float, float]:
-    """(events/s, peak RSS MB of the largest publisher, their CPU seconds in total)."""
+) -> tuple[float, float, float, float]:
+    """(events/s, peak RSS MB of the largest publisher, the publishers' CPU seconds, the whole machine's
+    CPU seconds), all over the drain."""
     s.fresh_schema()
     aggregate_type, topic = s.fresh_topic("drain")
     with publishing(s, tool, replicas, relay_args) as publishers:
         cpu_before = sum(process_usage(p.process_id)[1] for p in publishers)
         visible = preload(s, rows, payload, aggregate_type)
+        machine_before = machine_busy_seconds()
         if tool == "postbox":
             while pending(s) > 0:
                 time.sleep(0.2)
@@ -316,11 +325,12 @@ def bench_drain(
             while on_broker(s.kafka.bootstrap, topic) < rows:
                 time.sleep(0.2)
         seconds = time.perf_counter() - visible
+        machine = machine_busy_seconds() - machine_before
         usage = [process_usage(p.process_id) for p in publishers]
         for publisher in publishers:
             publisher.terminate()
     assert on_broker(s.kafka.bootstrap, topic) >= rows
-    return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage) - cpu_before
+    return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage) - cpu_before, machine
 
 
 def bench_latency(
@@ -545,6 +555,9 @@ def main() -> int:
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--relay-batch-size", type=int, default=1000, help="the relays' --batch-size")
     parser.add_argument("--no-debezium", action="store_true", help="leave the peer out")
+    parser.add_argument(
+        "--payload-sizes", type=int, nargs="+", default=[200, 1024], help="limits and drain payloads, bytes"
+    )
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     args = parser.parse_args()
     parts = set(args.only or PARTS)
@@ -574,7 +587,7 @@ def main() -> int:
             f"linger.ms 5, otherwise Connect's defaults); backlog {args.rows:,} rows; {args.runs} runs each"
         )
         relay_args = ("--batch-size", str(args.relay_batch_size))
-        for size in (200, 1024):
+        for size in args.payload_sizes:
             payload = payload_of(size)
             if parts & {"limits", "drain"}:
                 say(f"\n-- payload {size} bytes --")
@@ -608,7 +621,8 @@ def main() -> int:
                 say(
                     f"drain {who}: events/s {median_spread([r[0] for r in results])}; "
                     f"peak RSS per process {max(r[1] for r in results):.0f} MB; "
-                    f"CPU {statistics.median(r[2] for r in results):.1f} s while draining"
+                    f"CPU while draining: publishers {statistics.median(r[2] for r in results):.1f} s, "
+                    f"whole machine {statistics.median(r[3] for r in results):.1f} s"
                 )
         if "latency" in parts:
             say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
