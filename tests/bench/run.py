@@ -151,7 +151,7 @@ def preload(s: Servers, rows: int, payload: str, aggregate_type: str = "order") 
         return time.perf_counter()
 
 
-def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_published: bool) -> float:
+def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_on_publish: bool) -> float:
     """The relay's own claim + mark statements with no Kafka: the database's ceiling for the relay."""
     s.fresh_schema()
     preload(s, rows, payload)
@@ -161,7 +161,7 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_pub
         conn.execute("UPDATE outbox_shard_lease SET owner = 'bench', expires_at = now() + interval '1 day'")
         conn.commit()
         claim = query(QUERIES, "claim_batch")
-        mark = query(QUERIES, "mark_batch_deleting" if delete_published else "mark_batch")
+        mark = query(QUERIES, "mark_batch_deleting" if delete_on_publish else "mark_batch")
         done = 0
         started = time.perf_counter()
         while True:
