@@ -14,7 +14,7 @@ changes nothing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,11 @@ import psycopg
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from inbox.handlers import Inbox, PermanentError
+from inbox.handlers import Inbox, PermanentError, Unhandled
 from inbox.message import Message, MessageIdMissing, event_type_of
 from inbox.metrics import InboxMetrics
 from relay.core.backoff import backoff_delay
-from relay.core.db import connect
+from relay.core.db import connect, database_unavailable, describe_error, storable_text
 from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 
@@ -142,14 +142,12 @@ class InboxConsumer:
                     self._apply(batch)
                     failures = 0
                 except psycopg.Error as exc:
-                    if self._conn is None or not (
-                        self._conn.broken or isinstance(exc, psycopg.OperationalError)
-                    ):
+                    if not database_unavailable(exc, self._conn):
                         raise
                     failures += 1
                     delay = backoff_delay(failures)
                     log.warning(
-                        "inbox_database_unavailable", error=str(exc).strip(), retry_in=round(delay, 2)
+                        "inbox_database_unavailable", error=describe_error(exc), retry_in=round(delay, 2)
                     )
                     self._close_db()
                     self._rewind(consumer, batch)
@@ -230,18 +228,7 @@ class InboxConsumer:
         work = [self._decode(r) for r in records]
         conn = self._db()
         with conn.transaction():
-            rows = conn.execute(
-                query(QUERIES, "claim_messages"),
-                {
-                    "consumer": self.inbox.consumer,
-                    "ids": [w.message.message_id for w in work],
-                    "topics": [w.message.topic for w in work],
-                    "partitions": [w.message.partition for w in work],
-                    "offsets": [w.message.offset for w in work],
-                    "keys": [w.message.key for w in work],
-                },
-            ).fetchall()
-            new_ids = {str(r[0]) for r in rows}
+            new_ids = self._claim(conn, work)
             for item in work:  # offset order; a repeat inside the batch runs once, at its first place
                 if item.message.message_id in new_ids:
                     new_ids.discard(item.message.message_id)
@@ -261,6 +248,49 @@ class InboxConsumer:
         )
         self.inbox.run_after_commit(claimed)
 
+    def _claim_statement(self, conn: psycopg.Connection[tuple[Any, ...]], work: list[_Work]) -> set[str]:
+        rows = conn.execute(
+            query(QUERIES, "claim_messages"),
+            {
+                "consumer": self.inbox.consumer,
+                "ids": [w.message.message_id for w in work],
+                "topics": [w.message.topic for w in work],
+                "partitions": [w.message.partition for w in work],
+                "offsets": [w.message.offset for w in work],
+                "keys": [w.message.key for w in work],
+            },
+        ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _claim(self, conn: psycopg.Connection[tuple[Any, ...]], work: list[_Work]) -> set[str]:
+        """Claim the batch in one statement; the message ids this transaction now owns.
+
+        Ids are checked before they get here (inbox.message.usable_id), but should the database still
+        refuse one record's data, that must not hold back the batch nor loop forever: the batch is
+        claimed again one record at a time and each refused record is parked under its coordinates."""
+        try:
+            with conn.transaction():  # a savepoint, so a refused claim leaves the transaction usable
+                return self._claim_statement(conn, work)
+        except psycopg.Error as exc:
+            if database_unavailable(exc, conn):
+                raise
+            log.warning("inbox_claim_refused", error=describe_error(exc), messages=len(work))
+        claimed: set[str] = set()
+        for item in work:
+            try:
+                with conn.transaction():
+                    claimed |= self._claim_statement(conn, [item])
+                continue
+            except psycopg.Error as exc:
+                if database_unavailable(exc, conn):
+                    raise
+                reason = f"refused by the database ({describe_error(exc)})"
+            message = item.message
+            item.message = replace(message, message_id=message.coordinates)
+            item.missing_id = reason
+            claimed |= self._claim_statement(conn, [item])
+        return claimed
+
     def _handle_all(
         self, conn: psycopg.Connection[tuple[Any, ...]], items: list[_Work]
     ) -> list[tuple[Message, str]]:
@@ -276,9 +306,9 @@ class InboxConsumer:
                     for item in items:
                         self._run_handler(conn, item.message)
             except Exception as exc:
-                if conn.broken or isinstance(exc, psycopg.OperationalError):
+                if database_unavailable(exc, conn):
                     raise  # the database went away: the whole batch is read again
-                log.debug("inbox_batch_pass_failed", error=f"{type(exc).__name__}: {exc}")
+                log.debug("inbox_batch_pass_failed", error=f"{type(exc).__name__}: {describe_error(exc)}")
             else:
                 for item in items:
                     self.metrics.processed.labels(item.message.topic).inc()
@@ -293,6 +323,8 @@ class InboxConsumer:
     def _run_handler(self, conn: psycopg.Connection[tuple[Any, ...]], message: Message) -> None:
         handler = self.inbox.handler_for(message)
         if handler is None:
+            if self.inbox.unhandled == "park":
+                raise Unhandled(message)
             log.debug("inbox_unhandled", topic=message.topic, event_type=message.event_type)
             return
         started = time.perf_counter()
@@ -313,9 +345,9 @@ class InboxConsumer:
             except PermanentError as exc:
                 return self._park(conn, message, f"{type(exc).__name__}: {exc}", attempt)
             except Exception as exc:
-                if conn.broken or isinstance(exc, psycopg.OperationalError):
+                if database_unavailable(exc, conn):
                     raise  # the database went away: the whole batch is read again
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = f"{type(exc).__name__}: {describe_error(exc)}"
                 if attempt == self.inbox.max_attempts:
                     return self._park(conn, message, reason, attempt)
                 self.metrics.retries.inc()
@@ -340,7 +372,7 @@ class InboxConsumer:
             query(QUERIES, "mark_failed"),
             {
                 "consumer": self.inbox.consumer,
-                "error": reason[:2000],
+                "error": storable_text(reason),
                 "attempts": attempts,
                 "message_id": message.message_id,
             },

@@ -32,6 +32,14 @@ class PermanentError(Exception):
     """Raise from a handler when retrying cannot help: the message is parked at once with this reason."""
 
 
+class Unhandled(PermanentError):
+    """No handler is registered for the message's event type and there is no fallback."""
+
+    def __init__(self, message: Message) -> None:
+        found = f"event type {message.event_type!r}" if message.event_type is not None else "no event type"
+        super().__init__(f"no handler for {found} and no fallback (Inbox(unhandled='ignore') skips such)")
+
+
 class Inbox:
     def __init__(
         self,
@@ -42,18 +50,24 @@ class Inbox:
         max_attempts: int = 5,
         retry_backoff: float = 0.2,
         dead_letter_topic: str | None = None,
+        unhandled: str = "park",
         schema: str = "postbox",
     ) -> None:
         if not consumer or len(consumer) > 200:
             raise ValueError("consumer: a name of 1-200 characters is required")
         if not 1 <= max_attempts <= 100:
             raise ValueError(f"max-attempts: {max_attempts} is outside 1..100")
+        if unhandled not in ("park", "ignore"):
+            raise ValueError(f"unhandled: {unhandled!r} is park or ignore")
         self.consumer = consumer
         self.id_source = IdSource.parse(message_id)
         self.event_type_header = event_type_header
         self.max_attempts = max_attempts
         self.retry_backoff = retry_backoff
         self.dead_letter_topic = dead_letter_topic
+        # A message no handler (and no fallback) takes: parked with the reason, so a missing handler or a
+        # missing eventType header shows up and can be requeued; "ignore" records it done on purpose.
+        self.unhandled = unhandled
         self.schema = schema
         self._handlers: dict[str, Handler] = {}
         self._fallback: Handler | None = None

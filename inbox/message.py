@@ -9,7 +9,33 @@ from typing import Any
 
 
 class MessageIdMissing(ValueError):
-    """The configured id source is absent from the message; it is parked under its coordinates."""
+    """The configured id source is absent from the message, or holds no usable id (not UTF-8, NUL, too
+    long for the inbox's key); the message is parked under its coordinates, with this reason."""
+
+
+# The inbox's primary key is (consumer, message_id); PostgreSQL caps a B-tree entry at about 2.7 kB.
+MAX_MESSAGE_ID_BYTES = 1024
+
+
+def usable_id(raw: bytes | str, where: str) -> str:
+    """`raw` as a message id, or MessageIdMissing saying why it cannot be one. Invalid UTF-8 is refused,
+    not replaced: two different byte strings must never become the same id (a false duplicate)."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MessageIdMissing(f"{where} is not UTF-8") from None
+    else:
+        text = raw
+    if "\x00" in text:
+        raise MessageIdMissing(f"{where} contains NUL (U+0000)")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise MessageIdMissing(f"{where} is not valid Unicode (a lone surrogate)") from None
+    if size > MAX_MESSAGE_ID_BYTES:
+        raise MessageIdMissing(f"{where} is {size} bytes, over the {MAX_MESSAGE_ID_BYTES} an id may have")
+    return text
 
 
 @dataclass(frozen=True)
@@ -73,7 +99,7 @@ class IdSource:
             raw = headers.get(self.name)
             if raw is None or not raw.strip():
                 raise MessageIdMissing(f"no {self.name!r} header")
-            return raw.decode("utf-8", errors="replace")
+            return usable_id(raw, f"header {self.name!r}")
         try:
             node: Any = json.loads(value) if value is not None else None
         except (ValueError, RecursionError):  # RecursionError: nested too deeply for json's parser
@@ -82,9 +108,9 @@ class IdSource:
             if not isinstance(node, dict) or part not in node:
                 raise MessageIdMissing(f"no {self.name!r} in the payload")
             node = node[part]
-        if node is None or isinstance(node, dict | list):
+        if node is None or isinstance(node, dict | list) or node == "":
             raise MessageIdMissing(f"payload {self.name!r} is not a scalar id")
-        return str(node)
+        return usable_id(str(node), f"payload {self.name!r}")
 
 
 def event_type_of(headers: dict[str, bytes], type_header: str) -> str | None:

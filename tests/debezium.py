@@ -100,6 +100,9 @@ class DebeziumConnect:
             "transforms.outbox.table.field.event.payload": "payload",
             "transforms.outbox.route.by.field": "aggregate_type",
             "transforms.outbox.route.topic.replacement": topic_replacement,
+            # The event type as an `eventType` header, which postbox sends by default (Debezium's usual
+            # option for it), so the compatibility test compares that header too.
+            "transforms.outbox.table.fields.additional.placement": "event_type:header:eventType",
             # postbox marks rows published with an UPDATE; the router is told those are expected.
             "transforms.outbox.table.op.invalid.behavior": "warn",
         }

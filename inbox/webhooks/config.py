@@ -24,9 +24,13 @@ def providers_from_env(environ: dict[str, str] | None = None) -> dict[str, Provi
     if stripe := secret_list("POSTBOX_STRIPE_SECRETS", env):
         tolerance = env.get("POSTBOX_STRIPE_TOLERANCE", "300")
         try:
-            found["stripe"] = Stripe(stripe, float(tolerance))
+            seconds = float(tolerance)
         except ValueError:
             raise ValueError(f"POSTBOX_STRIPE_TOLERANCE={tolerance!r} is not a number of seconds") from None
+        try:
+            found["stripe"] = Stripe(stripe, seconds)
+        except ValueError as exc:
+            raise ValueError(f"POSTBOX_STRIPE_TOLERANCE={tolerance!r}: {exc}") from None
     if shopify := secret_list("POSTBOX_SHOPIFY_SECRETS", env):
         found["shopify"] = Shopify(shopify)
     username = env.get("POSTBOX_MARQETA_USERNAME")

@@ -11,6 +11,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,6 +27,11 @@ class MalformedWebhook(ValueError):
     """The body or headers cannot be understood: answer 400 and write nothing."""
 
 
+# An id or type longer than this is no provider's: refused with 400 before it reaches the primary key,
+# whose B-tree entries PostgreSQL caps at about 2.7 kB (a longer one fails every retry the same way).
+MAX_ID_BYTES = 512
+
+
 @dataclass(frozen=True)
 class IncomingEvent:
     provider: str
@@ -34,6 +40,18 @@ class IncomingEvent:
     payload: Any
     twin_key: str | None = None  # a second dedup layer (Stripe's twin events)
     headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for label, value in (("id", self.event_id), ("type", self.event_type)):
+            if not value:
+                raise MalformedWebhook(f"the event {label} is empty")
+            if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+                raise MalformedWebhook(f"the event {label} is longer than {MAX_ID_BYTES} bytes")
+        if (
+            self.twin_key is not None
+            and len(self.twin_key.encode("utf-8", "surrogatepass")) > 3 * MAX_ID_BYTES
+        ):
+            raise MalformedWebhook(f"the event's object id is longer than {MAX_ID_BYTES} bytes")
 
 
 class Provider(Protocol):
@@ -49,13 +67,49 @@ class Provider(Protocol):
         ...
 
 
+def _refuse_constant(name: str) -> Any:
+    raise MalformedWebhook(f"body holds {name}, which is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise MalformedWebhook(f"body holds the number {text[:40]}, out of range for a double")
+    return value
+
+
 def _json(body: bytes) -> Any:
+    """The body parsed, refusing what PostgreSQL's jsonb cannot store (so a signed but unstorable body is
+    a 400, not a 500 on every retry): NaN and Infinity, numbers that overflow a double, and strings or
+    keys holding NUL or a lone surrogate. Those two can only be written as \\u escapes (raw control bytes
+    and invalid UTF-8 already fail to parse), so bodies without one skip the walk."""
     try:
-        return json.loads(body)
+        document = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError) as exc:
         raise MalformedWebhook(f"body is not JSON: {exc}") from None
     except RecursionError:  # json's C parser gives up on very deep nesting this way
         raise MalformedWebhook("body is nested too deeply") from None
+    if b"\\u" in body:
+        _check_strings(document)
+    return document
+
+
+def _check_strings(document: Any) -> None:
+    stack = [document]
+    while stack:  # iterative: the document may be nested as deeply as json's parser allows
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            if "\x00" in node:
+                raise MalformedWebhook("body holds a NUL (\\u0000), which PostgreSQL cannot store")
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                raise MalformedWebhook("body holds a lone surrogate (invalid Unicode)") from None
 
 
 def _hmac(secret: bytes, body: bytes, algorithm: str = "sha256") -> bytes:
@@ -93,6 +147,9 @@ class Stripe:
     def __post_init__(self) -> None:
         if not self.secrets or not all(self.secrets):
             raise ValueError("stripe: at least one endpoint secret (whsec_...) is required")
+        # Finite and at most a day: inf or 1e12 would let a years-old captured request verify.
+        if not (math.isfinite(self.tolerance) and 1 <= self.tolerance <= 86_400):
+            raise ValueError(f"stripe: tolerance {self.tolerance!r}s is outside 1..86400")
 
     def verify(self, headers: Headers, body: bytes, now: float) -> None:
         header = headers.get("stripe-signature")
@@ -109,8 +166,13 @@ class Stripe:
                     signatures.append(bytes.fromhex(value))
                 except ValueError:
                     continue
-        # isascii: "²" and other Unicode digits pass isdigit() but int() refuses them.
-        if timestamp is None or not (timestamp.isascii() and timestamp.isdigit()) or not signatures:
+        # isascii: "²" and other Unicode digits pass isdigit() but int() refuses them. At most 12 digits:
+        # the arithmetic below runs before any signature check, so anyone can send t=<10,000 digits>.
+        if (
+            timestamp is None
+            or not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12)
+            or not signatures
+        ):
             raise SignatureError("Stripe-Signature has no timestamp or no v1 signature")
         if abs(now - int(timestamp)) > self.tolerance:
             raise SignatureError(f"Stripe-Signature timestamp is outside the {self.tolerance:.0f}s tolerance")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
 from inbox.webhooks.store import INSERT_EVENTS, insert_params
+from relay.core.db import database_unavailable, describe_error
 
 log = structlog.get_logger("postbox.webhooks")
 
@@ -84,7 +86,18 @@ class WebhookReceiver:
         if scope["type"] != "http":
             return
         started = time.perf_counter()
-        provider_name, reply = await self._handle(scope, receive)
+        try:
+            provider_name, reply = await self._handle(scope, receive)
+        except Exception as exc:  # noqa: BLE001  (a bug: answered and counted, never a dropped connection)
+            provider_name, reply = self._provider_of(scope), Reply(500, {"error": "internal error"})
+            # No traceback: its last line is str(exc), which can quote the body. Where it failed is enough.
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            log.error(
+                "webhook_internal_error",
+                provider=provider_name,
+                error=f"{type(exc).__name__}: {describe_error(exc)}",
+                at=f"{frame.filename}:{frame.lineno}",
+            )
         if provider_name is not None:
             outcome = "accepted" if reply.status == 200 else str(reply.status)
             self.metrics.requests.labels(provider_name, outcome).inc()
@@ -101,6 +114,10 @@ class WebhookReceiver:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    def _provider_of(self, scope: Scope) -> str | None:
+        prefix, _, name = str(scope.get("path", "")).rpartition("/")
+        return name if prefix == "/webhooks" and name in self.providers else None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -146,24 +163,36 @@ class WebhookReceiver:
             return name, Reply(400, {"error": str(exc)})
         if not events:
             return name, Reply(200, {"accepted": 0, "duplicates": 0})
+        return name, await self._stored(name, events)
+
+    async def _stored(self, name: str, events: list[IncomingEvent]) -> Reply:
+        """Store the request's events in one statement; the answer for it."""
         try:
             stored = await self._store(events)
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            log.error("webhook_database_unavailable", provider=name, error=str(exc).strip())
-            return name, Reply(503, {"error": "temporarily unavailable, retry later"})
+        except PoolTimeout as exc:
+            log.error("webhook_database_unavailable", provider=name, error=describe_error(exc))
+            return Reply(503, {"error": "temporarily unavailable, retry later"})
+        except psycopg.Error as exc:
+            if database_unavailable(exc):
+                log.error("webhook_database_unavailable", provider=name, error=describe_error(exc))
+                return Reply(503, {"error": "temporarily unavailable, retry later"})
+            # The database refused this request's data (a value jsonb or the key cannot hold): retrying
+            # would fail the same way forever, so it is a 4xx, and nothing was stored (one statement).
+            log.warning("webhook_event_unstorable", provider=name, error=describe_error(exc))
+            return Reply(400, {"error": f"event cannot be stored ({exc.sqlstate})"})
         duplicates = len(events) - stored
         self.metrics.events.labels(name, "stored").inc(stored)
         self.metrics.events.labels(name, "duplicate").inc(duplicates)
         log.info("webhook_received", provider=name, events=len(events), stored=stored, duplicates=duplicates)
-        return name, Reply(200, {"accepted": stored, "duplicates": duplicates})
+        return Reply(200, {"accepted": stored, "duplicates": duplicates})
 
     async def _ready(self) -> Reply:
         """Ready only while the database answers: a receiver that cannot store must not take traffic."""
         try:
             async with self.pool.connection(timeout=2.0) as conn:
                 await conn.execute("SELECT 1")
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            return Reply(503, {"status": "database unavailable", "error": str(exc).strip()[:200]})
+        except (psycopg.Error, PoolTimeout) as exc:
+            return Reply(503, {"status": "database unavailable", "error": describe_error(exc)[:200]})
         return Reply(200, {"status": "ok"})
 
     async def _read_body(self, receive: Receive) -> bytes | None:

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inbox.handlers import PermanentError
 from relay.core.backoff import backoff_delay
-from relay.core.db import connect
+from relay.core.db import connect, database_unavailable, describe_error, storable_text
 from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 
@@ -149,9 +149,11 @@ class WebhookWorker:
                     self._maybe_reap(conn)
                     done = self.run_once(conn)
                     failures = 0
-                except psycopg.OperationalError as exc:
+                except psycopg.Error as exc:
+                    if not database_unavailable(exc, conn):
+                        raise
                     failures += 1
-                    log.warning("webhook_worker_database_unavailable", error=str(exc).strip())
+                    log.warning("webhook_worker_database_unavailable", error=describe_error(exc))
                     if conn is not None:
                         conn.close()
                         conn = None
@@ -214,10 +216,10 @@ class WebhookWorker:
             log.warning("webhook_event_fenced", provider=event.provider, event_id=event.event_id)
             return
         except Exception as exc:
-            if conn.broken or isinstance(exc, psycopg.OperationalError):
+            if database_unavailable(exc, conn):
                 raise
             permanent = isinstance(exc, PermanentError)
-            reason = f"{type(exc).__name__}: {exc}"[:2000]
+            reason = storable_text(f"{type(exc).__name__}: {describe_error(exc)}")
             with conn.transaction():
                 row = conn.execute(
                     query(QUERIES, "mark_failed_attempt"),

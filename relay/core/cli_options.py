@@ -7,12 +7,26 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from relay.core.secrets import secret as read_secret
 
-def env_flag(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kwargs: Any) -> None:
-    """Add `flag`, defaulting to $env; the help text names the variable so users can find it."""
+
+def env_flag(
+    parser: argparse.ArgumentParser, flag: str, env: str, help: str, *, secret: bool = False, **kwargs: Any
+) -> None:
+    """Add `flag`, defaulting to $env; the help text names the variable so users can find it.
+
+    secret: the value may also come from the file named by ${env}_FILE, and --help never shows it."""
     kind = kwargs.get("type")
     # A switch is False unless given: None would reach SQL as NULL, where it is neither true nor false.
     default = kwargs.pop("default", False if kwargs.get("action") == "store_true" else None)
+    if secret:
+        try:
+            default = read_secret(env) or default
+        except ValueError as exc:
+            parser.error(str(exc))
+        shown = f" (env {env} or {env}_FILE)"
+        parser.add_argument(flag, default=default, help=help + shown, **kwargs)
+        return
     if env in os.environ:
         raw = os.environ[env]
         if kwargs.get("action") == "store_true":
@@ -43,6 +57,7 @@ def add_database_options(parser: argparse.ArgumentParser, schema_default: str | 
         "--database-url",
         "POSTBOX_DATABASE_URL",
         "PostgreSQL connection URL (libpq syntax, so TLS options such as sslmode go here)",
+        secret=True,
     )
     env_flag(
         parser, "--schema", "POSTBOX_SCHEMA", "schema holding the postbox tables", default=schema_default

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from relay.core.redact import scrub, url_password
 
 
 def advisory_key(namespace: str, name: str) -> int:
@@ -34,12 +37,28 @@ def liveness_options(dsn: str) -> dict[str, str]:
     return {key: value for key, value in LIVENESS.items() if key not in given}
 
 
+def _keyword_password(dsn: str) -> str | None:
+    try:
+        return conninfo_to_dict(dsn).get("password")  # type: ignore[return-value]
+    except psycopg.Error:
+        return None
+
+
 def connect(
     dsn: str, schema: str, *, autocommit: bool = False, application_name: str = "postbox", **settings: str
 ) -> psycopg.Connection[tuple[object, ...]]:
-    """A connection whose unqualified names resolve in `schema`; `settings` are session GUCs."""
-    conninfo = make_conninfo(dsn, **liveness_options(dsn))
-    conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name)
+    """A connection whose unqualified names resolve in `schema`; `settings` are session GUCs.
+
+    A URL that cannot be parsed or used fails with the error psycopg gives, minus the password: libpq
+    quotes the part of the URL it choked on, and that part is often the password."""
+    try:
+        conninfo = make_conninfo(dsn, **liveness_options(dsn))
+        conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name)
+    except psycopg.Error as exc:
+        message = scrub(str(exc), url_password(dsn), _keyword_password(dsn))
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from None
     try:
         conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
         for name, value in settings.items():
@@ -49,3 +68,40 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+# SQLSTATE classes that say the database (not the statement) is the problem: the connection (08), the
+# server's resources (53: disk full, out of memory, too many connections), an operator or a crash ending
+# sessions (57: admin shutdown, crash shutdown, cannot connect now, statement cancelled), system I/O (58).
+_UNAVAILABLE_CLASSES = frozenset({"08", "53", "57", "58"})
+
+
+def database_unavailable(exc: BaseException, *conns: psycopg.Connection[Any] | None) -> bool:
+    """Whether `exc` means "the database is gone or struggling, retry later", as opposed to "this
+    statement, row or record is bad". Decided by SQLSTATE, never by Python class: psycopg files
+    `program_limit_exceeded` (an index entry too large for one message id) under OperationalError, and
+    that is a bad record, not a lost server. An error with no SQLSTATE is the client's (lost socket,
+    failed connect); a broken connection is unavailable whatever the error says."""
+    if any(conn is not None and conn.broken for conn in conns):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state[:2] in _UNAVAILABLE_CLASSES
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error for a log line or an answer: SQLSTATE and the primary message only. str(exc) carries the
+    server's DETAIL and CONTEXT lines, which quote the offending value (payload text, ids) verbatim."""
+    if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
+        return f"{exc.sqlstate}: {exc.diag.message_primary}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def storable_text(text: str, limit: int = 2000) -> str:
+    """`text` (an error message, a reason) made safe for a text column: PostgreSQL refuses NUL and, as
+    UTF-8, a lone surrogate, and a reason that cannot be stored would fail the very statement that parks."""
+    cleaned = text[:limit].replace("\x00", "\\0")
+    return cleaned.encode("utf-8", "replace").decode("utf-8")

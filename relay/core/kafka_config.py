@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from relay.core.secrets import secret
+
 _RDKAFKA_ENV = re.compile(r"^POSTBOX_RDKAFKA_([A-Z0-9_]+)$")
 
 
@@ -12,13 +14,18 @@ def rdkafka_from_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """librdkafka properties from POSTBOX_RDKAFKA_<NAME>, dots written as underscores.
 
     POSTBOX_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL  ->  security.protocol=SASL_SSL
+    POSTBOX_RDKAFKA_SASL_PASSWORD_FILE=/run/secrets/kafka  ->  sasl.password=<the file's contents>
     """
     environ = dict(os.environ) if environ is None else environ
-    found = {}
-    for name, value in environ.items():
+    found: dict[str, str] = {}
+    for name in environ:
         match = _RDKAFKA_ENV.match(name)
         if match:
-            found[match.group(1).lower().replace("_", ".")] = value
+            variable = name.removesuffix("_FILE")
+            # A property written to a file (a mounted Secret) is a secret; one set inline is taken as given.
+            value = secret(variable, environ) if name.endswith("_FILE") else environ[name]
+            assert value is not None
+            found[_RDKAFKA_ENV.sub(r"\1", variable).lower().replace("_", ".")] = value
     return found
 
 

@@ -65,7 +65,13 @@ def serving(address: str | None, registry: CollectorRegistry, healthy: Check, re
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise SystemExit(f"postbox: --metrics-address {address!r} is not host:port")
-    server = OpsServer(host or "0.0.0.0", int(port), registry, healthy, ready).start()  # noqa: S104
+    try:
+        server = OpsServer(host or "0.0.0.0", int(port), registry, healthy, ready).start()  # noqa: S104
+    except OSError as exc:
+        raise SystemExit(
+            f"postbox: --metrics-address {address} (POSTBOX_METRICS_ADDRESS) cannot be served: "
+            f"{exc.strerror or exc} (choose a free port)"
+        ) from None
     try:
         yield
     finally:

@@ -1,4 +1,5 @@
-"""Secrets from the environment or from mounted files (Kubernetes Secret volumes)."""
+"""Secrets from the environment or from mounted files (Kubernetes Secret volumes). Pure apart from reading
+the named file."""
 
 from __future__ import annotations
 
@@ -7,19 +8,27 @@ from pathlib import Path
 
 
 def secret(name: str, environ: dict[str, str] | None = None) -> str | None:
-    """$NAME, or the contents of the file named by $NAME_FILE (one trailing newline dropped)."""
+    """$NAME, or the contents of the file named by $NAME_FILE, stripped of surrounding whitespace (editors
+    and `kubectl create secret --from-file` leave a trailing newline). None when neither is set; a value
+    that is set but empty is an error naming it, never a silently disabled feature."""
     environ = dict(os.environ) if environ is None else environ
     if name in environ and f"{name}_FILE" in environ:
         raise ValueError(f"{name} and {name}_FILE are both set: use one")
     if name in environ:
-        return environ[name]
-    path = environ.get(f"{name}_FILE")
-    if path is None:
+        value, source = environ[name].strip(), name
+    elif f"{name}_FILE" in environ:
+        path = environ[f"{name}_FILE"]
+        source = f"{name}_FILE={path}"
+        try:
+            value = Path(path).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ValueError(f"{source}: cannot read it ({reason})") from None
+    else:
         return None
-    try:
-        return Path(path).read_text().removesuffix("\n")
-    except OSError as exc:
-        raise ValueError(f"{name}_FILE={path}: cannot read it ({exc.strerror})") from None
+    if not value:
+        raise ValueError(f"{source}: the secret is empty")
+    return value
 
 
 def secret_list(name: str, environ: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -27,4 +36,7 @@ def secret_list(name: str, environ: dict[str, str] | None = None) -> tuple[str, 
     raw = secret(name, environ)
     if raw is None:
         return ()
-    return tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
+    found = tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
+    if not found:
+        raise ValueError(f"{name}: no secret in {raw!r}")
+    return found

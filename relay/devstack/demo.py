@@ -116,8 +116,6 @@ def _start_services(info: StackInfo, schema: str, logs: Path) -> tuple[subproces
             *common,
             "--schema",
             schema,
-            "--event-type-header",
-            "eventType",
             "--metrics-address",
             f"127.0.0.1:{free_port()}",
         ],

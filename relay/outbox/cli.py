@@ -38,6 +38,15 @@ def add_relay_commands(commands: Any) -> None:
     )
     env_flag(
         run,
+        "--max-batch-bytes",
+        "POSTBOX_RELAY_MAX_BATCH_BYTES",
+        "bytes of messages one claim loads (per lane; a batch is cut short there, the first row always "
+        "comes); rows over the producer's message.max.bytes are parked without being loaded",
+        type=int,
+        default=16 << 20,
+    )
+    env_flag(
+        run,
         "--poll-interval",
         "POSTBOX_POLL_INTERVAL",
         "seconds between polls when idle",
@@ -101,8 +110,9 @@ def add_relay_commands(commands: Any) -> None:
         run,
         "--event-type-header",
         "POSTBOX_EVENT_TYPE_HEADER",
-        "also send the event type in this header, e.g. eventType (off: Debezium's exact default format)",
-        default="",
+        "also send the event type in this header, which the inbox dispatches on; Debezium consumers "
+        "ignore it ('' turns it off: the Debezium router's exact default format)",
+        default="eventType",
     )
     env_flag(
         run,
@@ -170,6 +180,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         schema=args.schema,
         batch_size=args.batch_size,
         lanes=args.lanes,
+        max_batch_bytes=args.max_batch_bytes,
         poll_interval=args.poll_interval,
         listen=not args.no_listen,
         lease_ttl=args.lease_ttl,

@@ -25,7 +25,7 @@ import psycopg
 import structlog
 
 from relay.core.backoff import backoff_delay
-from relay.core.db import advisory_key
+from relay.core.db import advisory_key, database_unavailable, describe_error
 from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 from relay.outbox import admin
@@ -40,6 +40,8 @@ from relay.outbox.shares import split_lanes
 
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
+# The topic label of a row whose topic is no legal name: a writer's arbitrary text is no metric label.
+UNROUTABLE = "(unroutable)"
 log = structlog.get_logger("postbox.relay")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -47,6 +49,10 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 
 class FatalRelayError(RuntimeError):
     """The relay cannot go on (fatal producer error); delivered rows were marked, nothing else."""
+
+
+class RelayIdInUse(RuntimeError):
+    """Another live replica is connected with this relay id; this one waits until it is gone."""
 
 
 class RelayConfigurationError(RuntimeError):
@@ -87,6 +93,7 @@ class InFlight:
     sent: list[int]  # indexes into rows of the messages handed to the producer
     sending: Sending | None
     started: float
+    claimed: int  # rows the claim took: len(rows), or more when the byte budget cut the batch short
 
 
 class Relay:
@@ -112,6 +119,7 @@ class Relay:
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
         self._failed_batches = 0
+        self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -145,13 +153,20 @@ class Relay:
                     if not full:
                         # Inside the try: the LISTEN session can be cut while we wait, like any other.
                         self._wait(self.settings.poll_interval)
+                except RelayIdInUse as exc:
+                    failures += 1
+                    delay = backoff_delay(failures, cap=5)
+                    log.error("relay_id_in_use", relay_id=self.settings.relay_id, reason=str(exc))
+                    self._disconnect()
+                    self._waiting_for_id = str(exc)
+                    self._sleep(delay)
                 except psycopg.Error as exc:
-                    if not self._connection_lost(exc):
+                    if not database_unavailable(exc, *self._connections()):
                         raise  # a bug or a schema problem: fail loudly rather than loop on it
                     failures += 1
                     delay = backoff_delay(failures)
                     log.warning(
-                        "relay_database_unavailable", error=str(exc).strip(), retry_in=round(delay, 2)
+                        "relay_database_unavailable", error=describe_error(exc), retry_in=round(delay, 2)
                     )
                     self._disconnect()
                     self._sleep(delay)
@@ -160,14 +175,8 @@ class Relay:
         log.info("relay_stopped", relay_id=self.settings.relay_id)
         return 0
 
-    def _connection_lost(self, exc: psycopg.Error) -> bool:
-        """Whether `exc` means the server went away (restart, failover, a session timeout), not a bug."""
-        if isinstance(exc, psycopg.OperationalError):
-            return True
-        return any(
-            conn is not None and conn.broken
-            for conn in (*self._batch_conns, self._lease_conn, self._listen_conn)
-        )
+    def _connections(self) -> tuple[Connection | None, ...]:
+        return (*self._batch_conns, self._lease_conn, self._listen_conn)
 
     def _ensure_connected(self) -> None:
         if self._batch_conns and self._lease_conn is not None:
@@ -177,6 +186,14 @@ class Relay:
             conn.execute(query(QUERIES, "lane_session"))
             conn.commit()
         self._lease_conn = self._connect(True)
+        key = advisory_key("postbox.relay-id", f"{self.settings.schema}:{self.settings.relay_id}")
+        locked = self._lease_conn.execute(query(QUERIES, "lock_relay_id"), {"key": key}).fetchone()
+        if not (locked and locked[0]):
+            raise RelayIdInUse(
+                f"another relay is connected with relay-id {self.settings.relay_id!r}; give each replica "
+                "its own (the default, hostname-pid, is unique). Waiting for it to go away."
+            )
+        self._waiting_for_id = None
         if self.settings.delete_on_publish:
             allowed = self._lease_conn.execute(query(QUERIES, "may_delete")).fetchone()
             if not (allowed and allowed[0]):
@@ -194,7 +211,7 @@ class Relay:
 
     def _disconnect(self) -> None:
         self.connected = False
-        for conn in (*self._batch_conns, self._lease_conn, self._listen_conn):
+        for conn in self._connections():
             if conn is not None:
                 conn.close()
         self._batch_conns = []
@@ -207,7 +224,7 @@ class Relay:
             try:
                 self.leases.release_all()
             except psycopg.Error as exc:  # the leases then simply expire; nothing is lost either way
-                log.warning("relay_release_failed", error=str(exc).strip())
+                log.warning("relay_release_failed", error=describe_error(exc))
         self._disconnect()
 
     def healthy(self) -> tuple[bool, str]:
@@ -216,6 +233,8 @@ class Relay:
         return (stalled < limit, f"main loop last turned {stalled:.1f}s ago (limit {limit:.0f}s)")
 
     def ready(self) -> tuple[bool, str]:
+        if self._waiting_for_id is not None:
+            return False, self._waiting_for_id
         if not self.connected:
             return False, "not connected to PostgreSQL"
         if self.publisher.fatal_error:
@@ -260,7 +279,8 @@ class Relay:
             batch = in_flight.popleft()
             self._finish(batch)
             self.last_loop = time.monotonic()
-            full = len(batch.rows) >= self.settings.batch_size
+            # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
+            full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
             if full and self._may_begin():
                 following = self._begin(batch.conn, batch.lane)
                 if following is not None:
@@ -281,25 +301,45 @@ class Relay:
         their messages to the producer; None, with the transaction closed, when there is nothing to do."""
         assert self.leases is not None
         started = time.perf_counter()
+        max_message = self.settings.max_message_bytes
         claim_params = {
             "shards": lane,
             "lock_space": self._lock_space,
             "limit": self.settings.batch_size,
+            "max_message_bytes": max_message,
+            "max_batch_bytes": self.settings.max_batch_bytes,
             **self._topics.claim_filter(),
         }
-        rows = [OutboxRow(*r) for r in conn.execute(query(QUERIES, "claim_batch"), claim_params)]
-        if not rows:
+        result = conn.execute(query(QUERIES, "claim_batch"), claim_params).fetchall()
+        if not result:
             conn.rollback()  # ends the transaction, and with it the shards' advisory locks
             return None
+        rows = [OutboxRow(*r[:-1]) for r in result]
+        claimed = int(result[0][-1])  # rows the claim took; more than len(rows) when cut at the byte budget
         template = self.settings.topic_template
-        topics = [topic_for(row, template) for row in rows]
         deliveries: list[Delivery | None] = [None] * len(rows)
+        topics: list[str] = []
+        for index, row in enumerate(rows):
+            if row.size > max_message:  # its payload was never loaded (see claim_batch)
+                topics.append(UNROUTABLE)
+                deliveries[index] = Delivery(
+                    Disposition.PARK,
+                    f"message of {row.size} bytes is over the producer's message.max.bytes ({max_message})",
+                )
+                continue
+            try:
+                topics.append(topic_for(row, template))
+            except RoutingError as exc:
+                topics.append(UNROUTABLE)
+                deliveries[index] = Delivery(Disposition.PARK, str(exc))
         sent: list[int] = []
         messages: list[Message] = []
         # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
         # batch transaction.
         verdicts: dict[str, Delivery | None] = {}
         for index, (row, topic) in enumerate(zip(rows, topics, strict=True)):
+            if deliveries[index] is not None:
+                continue
             if topic not in verdicts:
                 verdicts[topic] = self._check_topic(topic, self.leases.renew_only)
             gate = verdicts[topic]
@@ -312,7 +352,7 @@ class Relay:
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
         sending = self.publisher.send(messages) if messages else None
-        return InFlight(conn, lane, rows, topics, deliveries, sent, sending, started)
+        return InFlight(conn, lane, rows, topics, deliveries, sent, sending, started, claimed)
 
     def _finish(self, batch: InFlight) -> None:
         """Wait for the batch's delivery reports, mark its rows in its transaction, commit."""
@@ -387,6 +427,8 @@ class Relay:
             # Our lease on some shard expired mid-batch: its rows stay pending for the new owner (duplicates).
             self.metrics.fenced.inc(len(outcome.rows) - marked)
             log.warning("relay_mark_fenced", unmarked=len(outcome.rows) - marked)
+            assert self.leases is not None
+            self.leases.recheck_now()  # no further batch on the lost shards: drain() ends, _turn re-ticks
         if outcome.retried:
             log.warning(
                 "relay_rows_retried",

@@ -34,6 +34,12 @@ class LeaseKeeper:
     def due(self) -> bool:
         return time.monotonic() >= self._next_tick
 
+    def recheck_now(self) -> None:
+        """A mark was fenced: some lease is gone. Make the next tick due at once, so the relay stops
+        claiming the shards it lost after this batch instead of claiming, publishing and being fenced
+        again until the regular renewal (each round a batch of duplicates)."""
+        self._next_tick = 0.0
+
     def tick(self) -> frozenset[int]:
         """Heartbeat, renew what we hold, then take or give shards toward our fair share."""
         self._next_tick = time.monotonic() + self._renew_every

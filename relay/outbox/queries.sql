@@ -5,25 +5,57 @@
 -- transaction) keeps a replica whose lease has just expired and the one taking over from draining the same
 -- shard at once: a shard whose lock is taken is left out of this batch entirely, so SKIP LOCKED can never
 -- skip an earlier row of an aggregate and publish a later one first.
--- The id as text and empty headers as NULL spare the relay a UUID object and a JSON parse for every row.
 -- ORDER BY id, shard (the same order as by id alone: ids are unique) matches only outbox_pending_idx
 -- (id, shard), never the primary key; with lane_session's settings that makes this index, with the shard
 -- filter inside it, the only plan. Left to the statistics, the planner picks a bitmap scan of every
 -- pending row plus a sort right after a bulk insert (statistics say the table is small), or the primary
 -- key past every published row after an ANALYZE taken mid-backlog (statistics say every row is pending):
 -- both cost a claim tens to hundreds of milliseconds on a large backlog instead of a few.
-SELECT id, event_id::text, aggregate_type, aggregate_id, event_type, payload::text, payload_bytes,
-       nullif(headers, '{}'::jsonb), topic, shard, extract(epoch FROM created_at)::float8
-FROM outbox
-WHERE state = 'pending'
-  AND shard = ANY (ARRAY(
-        SELECT s FROM unnest(%(shards)s::integer[]) AS s
-        WHERE pg_try_advisory_xact_lock(%(lock_space)s, s)))
-  AND NOT (coalesce(topic, '') = ANY (%(blocked_topics)s::text[]))
-  AND NOT (topic IS NULL AND aggregate_type = ANY (%(blocked_types)s::text[]))
+-- Memory: the relay receives a prefix of the claimed rows (in id order, so order holds) whose messages
+-- add up to at most max_batch_bytes (the first row always comes), and a row over max_message_bytes
+-- comes without its payload, headers and long text: it is parked, never loaded whole. Rows past the
+-- prefix stay pending (locked until this transaction ends) for the next batch; claimed_rows tells the
+-- relay how many the claim took, so a cut batch counts as full.
+-- The id as text and empty headers as NULL spare the relay a UUID object and a JSON parse for every row.
+WITH claimed AS MATERIALIZED (
+    SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text AS payload_text,
+           payload_bytes, headers, topic, shard, created_at
+    FROM outbox
+    WHERE state = 'pending'
+      AND shard = ANY (ARRAY(
+            SELECT s FROM unnest(%(shards)s::integer[]) AS s
+            WHERE pg_try_advisory_xact_lock(%(lock_space)s, s)))
+      AND NOT (coalesce(topic, '') = ANY (%(blocked_topics)s::text[]))
+      AND NOT (topic IS NULL AND aggregate_type = ANY (%(blocked_types)s::text[]))
+    ORDER BY id, shard
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), sized AS (
+    SELECT c.*,
+           coalesce(octet_length(c.payload_text), octet_length(c.payload_bytes), 0)
+             + octet_length(c.aggregate_type) + octet_length(c.aggregate_id) + octet_length(c.event_type)
+             + coalesce(octet_length(c.topic), 0)
+             + CASE WHEN c.headers = '{}'::jsonb THEN 0 ELSE octet_length(c.headers::text) END AS size
+    FROM claimed AS c
+), budgeted AS (
+    SELECT z.*, (z.size <= %(max_message_bytes)s) AS fits,
+           sum(CASE WHEN z.size <= %(max_message_bytes)s THEN z.size ELSE 0 END)
+               OVER (ORDER BY z.id, z.shard ROWS UNBOUNDED PRECEDING) AS running,
+           count(*) OVER () AS claimed_rows
+    FROM sized AS z
+)
+SELECT id, event_id::text,
+       CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END,
+       CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END,
+       CASE WHEN fits THEN event_type ELSE left(event_type, 200) END,
+       CASE WHEN fits THEN payload_text END,
+       CASE WHEN fits THEN payload_bytes END,
+       CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END,
+       CASE WHEN fits THEN topic ELSE left(topic, 200) END,
+       shard, extract(epoch FROM created_at)::float8, size, claimed_rows
+FROM budgeted
+WHERE running - CASE WHEN fits THEN size ELSE 0 END < %(max_batch_bytes)s
 ORDER BY id, shard
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
 
 -- name: lane_session
 -- Run once on each lane connection, which runs only the claim, the mark statements and prune_batch.
@@ -44,7 +76,7 @@ WITH outcome AS (
 UPDATE outbox AS t
 SET state        = o.state,
     published_at = CASE WHEN o.state = 'published' THEN clock_timestamp() END,
-    attempts     = t.attempts + 1,
+    attempts     = least(t.attempts, 2147483646) + 1,  -- a writer's absurd value must not fail the mark
     last_error   = o.error
 FROM outcome AS o
 WHERE t.id = o.id AND t.shard IN (SELECT shard FROM held)
@@ -68,7 +100,7 @@ WITH outcome AS (
 ), updated AS (
     UPDATE outbox AS t
     SET state      = o.state,
-        attempts   = t.attempts + 1,
+        attempts   = least(t.attempts, 2147483646) + 1,
         last_error = o.error
     FROM outcome AS o
     WHERE o.state <> 'published' AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
@@ -79,6 +111,11 @@ SELECT id FROM deleted UNION ALL SELECT id FROM updated
 -- name: may_delete
 -- --delete-on-publish needs DELETE on the outbox, which the least-privilege relay role lacks.
 SELECT has_table_privilege('outbox', 'DELETE')
+
+-- name: lock_relay_id
+-- A session lock on the lease connection for as long as the replica is connected: a second replica
+-- started with the same relay id waits instead of sharing (and, when it stops, releasing) its leases.
+SELECT pg_try_advisory_lock(%(key)s)
 
 -- name: heartbeat
 INSERT INTO outbox_relay_member (relay_id, last_seen, backend_pid)

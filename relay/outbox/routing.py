@@ -7,6 +7,7 @@ id, value = the payload. The row's own headers (for example W3C `traceparent`) t
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ class OutboxRow:
     topic: str | None
     shard: int
     created_epoch: float = 0.0  # the writing transaction's start (created_at), for latency metrics
+    size: int = 0  # the message's bytes (payload, key, headers, type), measured by the claim statement
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +53,32 @@ def validate_topic_template(template: str) -> str:
     return template
 
 
+# Kafka's own rule for a topic name (kafka.common.internals.Topic): 1-249 of these characters, not "."
+# or "..". Names beginning "__" are the cluster's internal topics (__consumer_offsets,
+# __transaction_state, ...), which no outbox row may write to.
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def check_topic_name(topic: str) -> str:
+    """`topic`, or RoutingError saying why Kafka would never accept it (the row is parked: no broker
+    setting can make such a name usable, so holding the row back would wedge it forever)."""
+    if not _LEGAL_TOPIC.fullmatch(topic) or topic in (".", ".."):
+        shown = topic if len(topic) <= 80 else topic[:80] + "..."
+        raise RoutingError(f"topic {shown!r} is not a legal Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
+    if topic.startswith("__"):
+        raise RoutingError(f"topic {topic!r} is reserved for Kafka's internal topics")
+    return topic
+
+
 def topic_for(row: OutboxRow, template: str) -> str:
-    if row.topic:
-        return row.topic
-    return template.format(aggregate_type=row.aggregate_type, event_type=row.event_type)
+    """The row's topic: its own `topic` column when set, else the template. RoutingError when that is
+    no legal topic name, or when the template needs a field the row leaves empty."""
+    if row.topic:  # NULL or '' (as before): routed by the template
+        return check_topic_name(row.topic)
+    for name in ("aggregate_type", "event_type"):
+        if f"{{{name}}}" in template and not getattr(row, name):
+            raise RoutingError(f"{name} is empty, and the topic template {template!r} routes by it")
+    return check_topic_name(template.format(aggregate_type=row.aggregate_type, event_type=row.event_type))
 
 
 def to_message(row: OutboxRow, topic: str, type_header: str | None = None) -> Message:

@@ -17,6 +17,7 @@ class SettingsError(ValueError):
 
 # The relay's safety rests on these producer settings; a pass-through value may not weaken them.
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,20 @@ class RelaySettings:
     delete_on_publish: bool = False  # delete a row in the mark statement instead of marking it published
     prune_interval: float = 60.0
     topic_recheck_interval: float = 30.0
-    event_type_header: str = ""  # off by default: exactly Debezium's default wire format
+    # Sent by default so the inbox can dispatch (Debezium consumers ignore an extra header); "" turns it off
+    # for exactly the Debezium router's default wire format.
+    event_type_header: str = "eventType"
+    # Bytes of messages one claim loads (per lane; the first row always comes). With two lanes in flight and
+    # the copies psycopg, Python and librdkafka each hold, 16 MiB keeps the relay well inside the shipped
+    # 256Mi pod limit, whatever the rows hold.
+    max_batch_bytes: int = 16 << 20
     kafka_config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The producer's message.max.bytes (librdkafka's default unless passed through): a row over it is
+        parked by the claim without being loaded."""
+        return int(self.kafka_config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -48,6 +61,15 @@ class RelaySettings:
         check(bool(self.kafka_bootstrap), "kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
         check(1 <= self.batch_size <= 10_000, f"batch-size: {self.batch_size} is outside 1..10000")
         check(1 <= self.lanes <= 8, f"lanes: {self.lanes} is outside 1..8")
+        check(
+            1 << 20 <= self.max_batch_bytes <= 1 << 30,
+            f"max-batch-bytes: {self.max_batch_bytes} is outside 1 MiB..1 GiB",
+        )
+        raw_max = self.kafka_config.get("message.max.bytes", str(DEFAULT_MESSAGE_MAX_BYTES))
+        check(
+            raw_max.isascii() and raw_max.isdigit() and 1000 <= int(raw_max) <= 1_000_000_000,
+            f"kafka-config message.max.bytes={raw_max}: not a number of bytes in 1000..1000000000",
+        )
         check(0.05 <= self.poll_interval <= 60, f"poll-interval: {self.poll_interval}s is outside 0.05..60")
         check(1 <= self.lease_ttl <= 600, f"lease-ttl: {self.lease_ttl}s is outside 1..600")
         check(

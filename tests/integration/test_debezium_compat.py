@@ -94,9 +94,11 @@ def test_postbox_messages_match_debezium_outbox_router_byte_for_byte(
         assert ours.key == theirs.key, event_id
         assert ours.value == theirs.value, (event_id, ours.value, theirs.value)
         assert ours.partition == theirs.partition, "the same key must land on the same partition"
-        assert set(ours.headers) == {"id"}
-        # Debezium 3 also adds its own `__debezium.context.*` diagnostics headers; the contract is `id`.
-        assert {h for h in theirs.headers if not h.startswith("__debezium.")} == {"id"}
+        assert set(ours.headers) == {"id", "eventType"}
+        # Debezium 3 also adds its own `__debezium.context.*` diagnostics headers; the contract is `id`
+        # and, with the usual additional-placement option, `eventType`.
+        assert {h for h in theirs.headers if not h.startswith("__debezium.")} == {"id", "eventType"}
+        assert ours.headers["eventType"] == theirs.headers["eventType"] == b"Changed"
     assert sorted(debezium_by_id) == sorted(written)
     for records in (from_debezium, from_postbox):
         per_key: dict[bytes | None, list[int]] = {}

@@ -60,7 +60,7 @@ def test_bad_templates_are_rejected(template: str) -> None:
         validate_topic_template(template)
 
 
-def test_the_event_type_header_is_opt_in() -> None:
+def test_the_event_type_header_is_sent_when_named_and_only_then() -> None:
     assert ("eventType", b"OrderPlaced") in to_message(row(), "t", "eventType").headers
     assert all(name != "eventType" for name, _ in to_message(row(), "t").headers)
 
