@@ -61,6 +61,22 @@ def add_inbox_commands(commands: Any) -> None:
     env_flag(serve, "--pool-size", "POSTBOX_WEBHOOK_POOL_SIZE", "database connections", type=int, default=10)
     env_flag(
         serve,
+        "--read-timeout",
+        "POSTBOX_WEBHOOK_READ_TIMEOUT",
+        "seconds a client may take to send a request's headers, and again its body (else 408)",
+        type=float,
+        default=10.0,
+    )
+    env_flag(
+        serve,
+        "--max-connections",
+        "POSTBOX_WEBHOOK_MAX_CONNECTIONS",
+        "connections and requests at once; past it, 503 (kept below the file-descriptor limit)",
+        type=int,
+        default=1000,
+    )
+    env_flag(
+        serve,
         "--metrics-address",
         "POSTBOX_METRICS_ADDRESS",
         "host:port for /metrics (not the webhook port; off when unset)",
@@ -231,6 +247,11 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     from inbox.webhooks.config import providers_from_env  # noqa: PLC0415
     from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver  # noqa: PLC0415
+    from inbox.webhooks.serving import (  # noqa: PLC0415
+        SlowClientMetrics,
+        connection_limit,
+        protocol_with_header_deadline,
+    )
     from relay.core.db import liveness_options  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
 
@@ -240,6 +261,18 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         parser.error(str(exc))
     if args.max_body_bytes < 1024:
         parser.error("--max-body-bytes (POSTBOX_WEBHOOK_MAX_BODY_BYTES) must be at least 1024")
+    if not 0.5 <= args.read_timeout <= 300:
+        parser.error(
+            f"--read-timeout (POSTBOX_WEBHOOK_READ_TIMEOUT) {args.read_timeout}s is outside 0.5..300"
+        )
+    if not 16 <= args.max_connections <= 100_000:
+        parser.error(
+            f"--max-connections (POSTBOX_WEBHOOK_MAX_CONNECTIONS) {args.max_connections}: outside 16..100000"
+        )
+    try:
+        max_connections = connection_limit(args.max_connections)
+    except ValueError as exc:
+        parser.error(f"--max-connections: {exc}")
     registry = CollectorRegistry()
     # open=False: the pool opens in the app's lifespan, inside uvicorn's event loop. A database that is
     # down at start is not fatal: requests answer 503 until it is back.
@@ -251,9 +284,23 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         timeout=5.0,
         kwargs={"application_name": "postbox-webhooks", **liveness_options(args.database_url)},
     )
-    app = WebhookReceiver(providers, pool, args.schema, ReceiverMetrics(registry), args.max_body_bytes)
+    app = WebhookReceiver(
+        providers,
+        pool,
+        args.schema,
+        ReceiverMetrics(registry),
+        args.max_body_bytes,
+        read_timeout=args.read_timeout,
+    )
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, lifespan="on", access_log=False, log_level="warning"
+        app,
+        host=args.host,
+        port=args.port,
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        http=protocol_with_header_deadline(args.read_timeout, SlowClientMetrics(registry)),
+        limit_concurrency=max_connections,
     )
     # /metrics on its own port; the receiver answers /healthz and /readyz on the webhook port itself.
     with serving(args.metrics_address, registry, lambda: (True, "ok"), lambda: (True, "ok")):

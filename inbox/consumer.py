@@ -26,7 +26,7 @@ from inbox.handlers import Inbox, PermanentError, Unhandled
 from inbox.message import Message, MessageIdMissing, event_type_of
 from inbox.metrics import InboxMetrics
 from relay.core.backoff import backoff_delay
-from relay.core.db import connect, database_unavailable, describe_error, storable_text
+from relay.core.db import check_database_url, connect, database_unavailable, describe_error, storable_text
 from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 
@@ -48,6 +48,7 @@ class ConsumerSettings:
     def __post_init__(self) -> None:
         if not self.database_url:
             raise ValueError("database-url: required (POSTBOX_DATABASE_URL)")
+        check_database_url(self.database_url)
         if not self.kafka_bootstrap:
             raise ValueError("kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
         if not self.topics:

@@ -15,8 +15,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox
 -- grant it to a separate maintenance role, or to postbox_relay if the daemon prunes:
 --   GRANT DELETE ON :"schema".outbox TO postbox_relay;
 
--- An application that writes events: insert only.
+-- An application that writes events: insert only, and only the columns `enqueue` writes. The relay's own
+-- columns (state, attempts, created_at, published_at, last_error) keep their defaults, so no writer can
+-- insert a row already "published", with an attempt count that overflows the mark, or with a forged age.
 CREATE ROLE postbox_writer NOLOGIN;
 GRANT USAGE ON SCHEMA :"schema" TO postbox_writer;
-GRANT INSERT ON :"schema".outbox TO postbox_writer;
+GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic)
+    ON :"schema".outbox TO postbox_writer;
 -- e.g.  GRANT postbox_writer TO orders_service;

@@ -209,6 +209,13 @@ def stripe_signature_header(secret: str, body: bytes, timestamp: int) -> str:
     return f"t={timestamp},v1={signature}"
 
 
+def body_key(body: bytes) -> str:
+    """The second dedup key for a provider whose signature covers the body alone (Shopify, generic HMAC):
+    the delivery id and topic headers are not signed, so a captured body replayed under a fresh id (or
+    relabelled with another topic) must still be a duplicate of the body already stored."""
+    return "body:" + hashlib.sha256(body).hexdigest()
+
+
 # -- Shopify --------------------------------------------------------------------------------------------
 
 
@@ -224,7 +231,8 @@ SHOPIFY_KEPT_HEADERS = (
 @dataclass(frozen=True)
 class Shopify:
     """`X-Shopify-Hmac-Sha256: base64(hmac_sha256(secret, raw body))`; dedup on X-Shopify-Webhook-Id
-    (a delivery), not X-Shopify-Event-Id (shared by deliveries to different subscriptions)."""
+    (a delivery), not X-Shopify-Event-Id (shared by deliveries to different subscriptions), and on the
+    body, which is all the signature covers (see body_key)."""
 
     secrets: tuple[str, ...]
     name: str = "shopify"
@@ -249,7 +257,7 @@ class Shopify:
         if not webhook_id or not topic:
             raise MalformedWebhook("X-Shopify-Webhook-Id and X-Shopify-Topic are required")
         kept = {name: headers[name] for name in SHOPIFY_KEPT_HEADERS if name in headers}
-        return [IncomingEvent(self.name, webhook_id, topic, _json(body), headers=kept)]
+        return [IncomingEvent(self.name, webhook_id, topic, _json(body), body_key(body), headers=kept)]
 
 
 # -- Marqeta --------------------------------------------------------------------------------------------
@@ -376,5 +384,6 @@ class GenericHmac:
                 self._pick(self.id_from, headers, payload),
                 self._pick(self.type_from, headers, payload),
                 payload,
+                body_key(body),
             )
         ]

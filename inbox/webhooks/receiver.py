@@ -9,6 +9,7 @@ statement.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import traceback
@@ -71,11 +72,13 @@ class WebhookReceiver:
         metrics: ReceiverMetrics,
         max_body_bytes: int = 1 << 20,
         clock: Callable[[], float] = time.time,
+        read_timeout: float = 10.0,
     ) -> None:
         self.providers = dict(providers)
         self.pool = pool
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.read_timeout = read_timeout  # for the whole body, from the end of the headers
         self.clock = clock
         self._search_path = sql.SQL("SET LOCAL search_path TO {}, public").format(sql.Identifier(schema))
 
@@ -149,7 +152,11 @@ class WebhookReceiver:
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             return name, Reply(415, {"error": f"content type must be application/json, got {content_type!r}"})
-        body = await self._read_body(receive)
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.read_timeout)
+        except TimeoutError:
+            log.warning("webhook_body_too_slow", provider=name, seconds=self.read_timeout)
+            return name, Reply(408, {"error": f"body not received within {self.read_timeout:.0f}s"})
         if body is None:
             return name, Reply(413, {"error": f"body over {self.max_body_bytes} bytes"})
         try:

@@ -37,6 +37,16 @@ def liveness_options(dsn: str) -> dict[str, str]:
     return {key: value for key, value in LIVENESS.items() if key not in given}
 
 
+def check_database_url(dsn: str) -> None:
+    """ValueError, without the password, unless libpq can parse `dsn` (checked at start, so a typo in the
+    URL is a clear message naming the setting rather than a traceback from the first connect)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        reason = scrub(str(exc).strip(), url_password(dsn))
+        raise ValueError(f"database-url: not a valid PostgreSQL URL: {reason}") from None
+
+
 def _keyword_password(dsn: str) -> str | None:
     try:
         return conninfo_to_dict(dsn).get("password")  # type: ignore[return-value]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -120,6 +120,7 @@ class Relay:
         self.leases: LeaseKeeper | None = None
         self._failed_batches = 0
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
+        self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -186,13 +187,7 @@ class Relay:
             conn.execute(query(QUERIES, "lane_session"))
             conn.commit()
         self._lease_conn = self._connect(True)
-        key = advisory_key("postbox.relay-id", f"{self.settings.schema}:{self.settings.relay_id}")
-        locked = self._lease_conn.execute(query(QUERIES, "lock_relay_id"), {"key": key}).fetchone()
-        if not (locked and locked[0]):
-            raise RelayIdInUse(
-                f"another relay is connected with relay-id {self.settings.relay_id!r}; give each replica "
-                "its own (the default, hostname-pid, is unique). Waiting for it to go away."
-            )
+        self._lock_relay_id(self._lease_conn)
         self._waiting_for_id = None
         if self.settings.delete_on_publish:
             allowed = self._lease_conn.execute(query(QUERIES, "may_delete")).fetchone()
@@ -208,6 +203,32 @@ class Relay:
         self.leases = LeaseKeeper(self._lease_conn, self.settings.relay_id, self.settings.lease_ttl)
         self.connected = True
         log.info("relay_connected")
+
+    def _lock_relay_id(self, conn: Connection) -> None:
+        """Hold the relay id's session lock on the lease connection, or raise RelayIdInUse."""
+        key = advisory_key("postbox.relay-id", f"{self.settings.schema}:{self.settings.relay_id}")
+        for attempt in range(10):
+            locked = conn.execute(query(QUERIES, "lock_relay_id"), {"key": key}).fetchone()
+            if locked and locked[0]:
+                return
+            if attempt == 0:
+                ended = conn.execute(
+                    query(QUERIES, "end_stale_relay_id_holder"),
+                    {
+                        "high": (key >> 32) & 0xFFFFFFFF,
+                        "low": key & 0xFFFFFFFF,
+                        "relay_id": self.settings.relay_id,
+                        "ttl": timedelta(seconds=self.settings.lease_ttl),
+                    },
+                ).fetchone()
+                if not (ended and ended[0]):
+                    break
+                log.warning("relay_stale_session_ended", relay_id=self.settings.relay_id)
+            time.sleep(0.2)  # a terminated backend releases its locks as it exits
+        raise RelayIdInUse(
+            f"another relay is connected with relay-id {self.settings.relay_id!r}; give each replica "
+            "its own (the default, hostname-pid, is unique). Waiting for it to go away."
+        )
 
     def _disconnect(self) -> None:
         self.connected = False
@@ -233,19 +254,31 @@ class Relay:
         return (stalled < limit, f"main loop last turned {stalled:.1f}s ago (limit {limit:.0f}s)")
 
     def ready(self) -> tuple[bool, str]:
-        if self._waiting_for_id is not None:
-            return False, self._waiting_for_id
-        if not self.connected:
-            return False, "not connected to PostgreSQL"
-        if self.publisher.fatal_error:
-            return False, self.publisher.fatal_error
-        if self._topics.blocked:
-            return False, "blocked topics: " + ", ".join(
-                f"{t} ({r})" for t, r in self._topics.blocked.items()
-            )
-        if self.leases is None or not self.leases.owned:
-            return False, "owns no shard yet"
+        problem = next(self._readiness_problems(), None)
+        if problem is not None:
+            return False, problem
+        assert self.leases is not None
         return True, f"ok: {len(self.leases.owned)} shards"
+
+    def _readiness_problems(self) -> Iterator[str]:
+        """Why this replica should not take traffic, most basic first."""
+        if self._waiting_for_id is not None:
+            yield self._waiting_for_id
+        if not self.connected:
+            yield "not connected to PostgreSQL"
+        if self.publisher.fatal_error:
+            yield self.publisher.fatal_error
+        if self._broker_trouble is not None:
+            since, reason = self._broker_trouble
+            # A blip shorter than the delivery timeout costs nothing (librdkafka retries), so it must not
+            # drain the Service: unready only past that.
+            waited = time.monotonic() - since
+            if waited >= self.settings.delivery_timeout:
+                yield f"Kafka unusable for {waited:.0f}s: {reason}"
+        if self._topics.blocked:
+            yield "blocked topics: " + ", ".join(f"{t} ({r})" for t, r in self._topics.blocked.items())
+        if self.leases is None or not self.leases.owned:
+            yield "owns no shard yet"
 
     # -- one turn of the loop --------------------------------------------------------------------------
 
@@ -260,6 +293,7 @@ class Relay:
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
             self._recheck_blocked_topics()
         self._maybe_prune()
+        self._broker_trouble = self.publisher.broker_trouble()
         self.metrics.ready.set(1 if self.ready()[0] else 0)
         if not self.leases.owned:
             return False
@@ -324,7 +358,8 @@ class Relay:
                 topics.append(UNROUTABLE)
                 deliveries[index] = Delivery(
                     Disposition.PARK,
-                    f"message of {row.size} bytes is over the producer's message.max.bytes ({max_message})",
+                    f"message too large: {row.size} bytes, over the producer's message.max.bytes "
+                    f"({max_message}); not loaded",
                 )
                 continue
             try:

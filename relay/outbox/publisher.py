@@ -36,6 +36,11 @@ class Publisher(Protocol):
         """Set once the producer hit a fatal error (it can publish nothing more)."""
         ...
 
+    def broker_trouble(self) -> tuple[float, str] | None:
+        """(since when, by time.monotonic(), and why) no broker has been usable (unreachable, or refusing
+        our credentials); None while the cluster answers. Checks again, briefly, while in trouble."""
+        ...
+
     def close(self, timeout: float) -> None: ...
 
 
@@ -43,6 +48,17 @@ class Sending(Protocol):
     def wait(self, while_waiting: Callable[[], None]) -> list[Delivery]:
         """One Delivery per message, in order. `while_waiting` is called regularly while reports are due."""
         ...
+
+
+# librdkafka errors (reported through error_cb) that mean "we cannot talk to the cluster": every broker
+# down, or our credentials or TLS refused. Each broker reconnection failure alone (_TRANSPORT) is not it.
+_UNREACHABLE = {
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._SSL,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+}
 
 
 class KafkaSending:
@@ -54,11 +70,14 @@ class KafkaSending:
         self.results: list[Delivery | None] = [None] * size
         self.pending = 0
 
-    def reporter(self, index: int) -> Callable[[KafkaError | None, object], None]:
+    def reporter(
+        self, index: int, on_delivered: Callable[[], None]
+    ) -> Callable[[KafkaError | None, object], None]:
         def on_delivery(error: KafkaError | None, _message: object) -> None:
             self.pending -= 1
             if error is None:
                 self.results[index] = DELIVERED
+                on_delivered()
             else:
                 self.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
 
@@ -85,6 +104,8 @@ class KafkaPublisher:
         on_statistics: Callable[[str], None] | None = None,
     ) -> None:
         self._fatal: str | None = None
+        self._trouble: tuple[float, str] | None = None
+        self._next_probe = 0.0
         self._topic_wait = topic_wait
         self._delivery_timeout = float(config.get("message.timeout.ms", 300_000)) / 1000
         callbacks: dict[str, Any] = {"error_cb": self._on_error}
@@ -93,9 +114,27 @@ class KafkaPublisher:
         self._producer = Producer({**config, **callbacks})
 
     def _on_error(self, error: KafkaError) -> None:
-        # Transient broker errors arrive here too (librdkafka retries them itself); only fatal ones matter.
+        # Transient broker errors arrive here too (librdkafka retries them itself); fatal ones end the
+        # producer, and "no broker usable" ones make the relay unready after a grace period.
         if error.fatal():
             self._fatal = f"fatal producer error: {error.str()}"
+        elif error.code() in _UNREACHABLE and self._trouble is None:
+            self._trouble = (time.monotonic(), error.str())
+
+    def _delivered(self) -> None:
+        self._trouble = None  # an acknowledged message proves the cluster reachable and us admitted
+
+    def broker_trouble(self) -> tuple[float, str] | None:
+        if self._trouble is not None and time.monotonic() >= self._next_probe:
+            # librdkafka reports a broker coming back by nothing: ask the cluster (at most every 2 s).
+            self._next_probe = time.monotonic() + 2.0
+            try:
+                self._producer.list_topics(timeout=1.0)
+                self._trouble = None
+            except KafkaException:
+                pass
+        self._producer.poll(0)  # serve error_cb even while idle
+        return self._trouble
 
     @property
     def fatal_error(self) -> str | None:
@@ -156,7 +195,7 @@ class KafkaPublisher:
                         message.value,
                         message.key,
                         headers=message.headers,
-                        on_delivery=sending.reporter(index),
+                        on_delivery=sending.reporter(index, self._delivered),
                     )
                     sending.pending += 1
                     break

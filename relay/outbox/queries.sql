@@ -13,13 +13,17 @@
 -- both cost a claim tens to hundreds of milliseconds on a large backlog instead of a few.
 -- Memory: the relay receives a prefix of the claimed rows (in id order, so order holds) whose messages
 -- add up to at most max_batch_bytes (the first row always comes), and a row over max_message_bytes
--- comes without its payload, headers and long text: it is parked, never loaded whole. Rows past the
--- prefix stay pending (locked until this transaction ends) for the next batch; claimed_rows tells the
--- relay how many the claim took, so a cut batch counts as full.
+-- comes without its payload, headers and long text: it is parked, never loaded whole. Sizes come from
+-- message_bytes, computed when the row was written (migration 0005). Rows past the prefix stay pending
+-- (locked until this transaction ends) for the next batch; claimed_rows tells the relay how many the
+-- claim took, so a cut batch counts as full. The window's sort is of the claimed rows only (at most
+-- `limit`, already in order), never of the backlog.
 -- The id as text and empty headers as NULL spare the relay a UUID object and a JSON parse for every row.
 WITH claimed AS MATERIALIZED (
-    SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text AS payload_text,
-           payload_bytes, headers, topic, shard, created_at
+    -- Materialized with the payload still in its stored form (toasted values stay pointers): only the
+    -- rows returned below are ever converted to text.
+    SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic,
+           shard, created_at, message_bytes, (message_bytes <= %(max_message_bytes)s) AS fits
     FROM outbox
     WHERE state = 'pending'
       AND shard = ANY (ARRAY(
@@ -30,31 +34,24 @@ WITH claimed AS MATERIALIZED (
     ORDER BY id, shard
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), sized AS (
-    SELECT c.*,
-           coalesce(octet_length(c.payload_text), octet_length(c.payload_bytes), 0)
-             + octet_length(c.aggregate_type) + octet_length(c.aggregate_id) + octet_length(c.event_type)
-             + coalesce(octet_length(c.topic), 0)
-             + CASE WHEN c.headers = '{}'::jsonb THEN 0 ELSE octet_length(c.headers::text) END AS size
-    FROM claimed AS c
 ), budgeted AS (
-    SELECT z.*, (z.size <= %(max_message_bytes)s) AS fits,
-           sum(CASE WHEN z.size <= %(max_message_bytes)s THEN z.size ELSE 0 END)
-               OVER (ORDER BY z.id, z.shard ROWS UNBOUNDED PRECEDING) AS running,
+    SELECT c.*,
+           sum(CASE WHEN c.fits THEN c.message_bytes ELSE 0 END)
+               OVER (ORDER BY c.id, c.shard ROWS UNBOUNDED PRECEDING) AS running,
            count(*) OVER () AS claimed_rows
-    FROM sized AS z
+    FROM claimed AS c
 )
 SELECT id, event_id::text,
        CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END,
        CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END,
        CASE WHEN fits THEN event_type ELSE left(event_type, 200) END,
-       CASE WHEN fits THEN payload_text END,
+       CASE WHEN fits THEN payload::text END,
        CASE WHEN fits THEN payload_bytes END,
        CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END,
        CASE WHEN fits THEN topic ELSE left(topic, 200) END,
-       shard, extract(epoch FROM created_at)::float8, size, claimed_rows
+       shard, extract(epoch FROM created_at)::float8, message_bytes, claimed_rows
 FROM budgeted
-WHERE running - CASE WHEN fits THEN size ELSE 0 END < %(max_batch_bytes)s
+WHERE running - CASE WHEN fits THEN message_bytes ELSE 0 END < %(max_batch_bytes)s
 ORDER BY id, shard
 
 -- name: lane_session
@@ -116,6 +113,23 @@ SELECT has_table_privilege('outbox', 'DELETE')
 -- A session lock on the lease connection for as long as the replica is connected: a second replica
 -- started with the same relay id waits instead of sharing (and, when it stops, releasing) its leases.
 SELECT pg_try_advisory_lock(%(key)s)
+
+-- name: end_stale_relay_id_holder
+-- The relay id's lock is held, but no replica of that id has heartbeaten within the lease time: the
+-- holder is this replica's own session from before a network cut (the server has not noticed that it is
+-- gone, and would not for hours) or a replica that hangs. End it, as a takeover ends an expired member's
+-- sessions; a live replica of the same id heartbeats, so it is never ended here.
+SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid))
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = %(high)s::bigint::oid AND l.objid = %(low)s::bigint::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND a.application_name = left('postbox-relay ' || %(relay_id)s, 63)
+  AND l.pid <> pg_backend_pid()
+  AND NOT EXISTS (
+        SELECT 1 FROM outbox_relay_member AS m
+        WHERE m.relay_id = %(relay_id)s AND m.last_seen >= clock_timestamp() - %(ttl)s::interval)
 
 -- name: heartbeat
 INSERT INTO outbox_relay_member (relay_id, last_seen, backend_pid)

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from relay.core.db import check_database_url
 from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, validate_topic_template
 
 
@@ -58,6 +59,10 @@ class RelaySettings:
                 raise SettingsError(message)
 
         check(bool(self.database_url), "database-url: required (POSTBOX_DATABASE_URL)")
+        try:
+            check_database_url(self.database_url)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         check(bool(self.kafka_bootstrap), "kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
         check(1 <= self.batch_size <= 10_000, f"batch-size: {self.batch_size} is outside 1..10000")
         check(1 <= self.lanes <= 8, f"lanes: {self.lanes} is outside 1..8")

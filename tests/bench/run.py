@@ -55,6 +55,7 @@ from relay.devstack.ports import free_port
 from relay.devstack.postgres import LocalPostgres, find_bin_dir
 from relay.outbox import enqueue
 from relay.outbox.daemon import QUERIES
+from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES, RelaySettings
 from tests.debezium import DebeziumConnect, debezium_version
 from tests.support import STRIPE_SECRET, ChildProcess, InboxProcess, ReceiverProcess, create_topic, wait_until
 
@@ -151,6 +152,13 @@ def preload(s: Servers, rows: int, payload: str, aggregate_type: str = "order") 
         return time.perf_counter()
 
 
+# The claim's byte budget as the relay runs it by default.
+CLAIM_BYTES = {
+    "max_message_bytes": DEFAULT_MESSAGE_MAX_BYTES,
+    "max_batch_bytes": RelaySettings.max_batch_bytes,
+}
+
+
 def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_on_publish: bool) -> float:
     """The relay's own claim + mark statements with no Kafka: the database's ceiling for the relay."""
     s.fresh_schema()
@@ -176,6 +184,7 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_on_
                             "limit": batch,
                             "blocked_topics": [],
                             "blocked_types": [],
+                            **CLAIM_BYTES,
                         },
                     )
                 ]

@@ -196,6 +196,21 @@ def test_the_relay_works_with_only_its_least_privilege_grants(own_postgres: Any,
         app.commit()
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             app.execute("SELECT count(*) FROM postbox.outbox")
+        app.rollback()
+        for column, value in [
+            ("state", "published"),
+            ("attempts", 2147483647),
+            ("created_at", "infinity"),
+            ("published_at", "now"),
+            ("last_error", "x"),
+        ]:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(
+                    "INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type, "
+                    f"{column}) VALUES ('least', 'a', 'E', %s)",
+                    (value,),
+                )
+            app.rollback()
     with RelayProcess(relay_dsn, servers.kafka_bootstrap, "postbox") as relay:
         wait_until(
             lambda: outbox_states(own_postgres.dsn, "postbox") == {"published": 20},

@@ -9,8 +9,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from typing import Any
 
@@ -20,7 +18,7 @@ import pytest
 from relay.core.migrate import migrate
 from relay.outbox import OutboxEvent, enqueue, enqueue_many
 from tests.servers import Servers
-from tests.support import RelayProcess, check_delivery, outbox_states, read_topic, wait_until
+from tests.support import RelayProcess, check_delivery, http_get, outbox_states, read_topic, wait_until
 
 
 def write_sequenced(
@@ -259,12 +257,14 @@ def test_absurd_headers_are_published_intact_or_parked_with_a_reason(
         for r in read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=3)
     }
     assert sorted(records) == sorted(map(str, (many_id, odd_id, forged_id)))
-    assert len(records[str(many_id)].headers) == 5001
+    assert len(records[str(many_id)].headers) == 5002, "the 5,000, the id and the event type"
     assert all(records[str(many_id)].headers[name] == b"v" * 20 for name in many)
-    assert {k: v for k, v in records[str(odd_id)].headers.items() if k != "id"} == {
+    assert {k: v for k, v in records[str(odd_id)].headers.items() if k not in ("id", "eventType")} == {
         name: value.encode() for name, value in unicode_names.items()
     }
-    assert records[str(forged_id)].headers == {"id": str(forged_id).encode()}, "the event id cannot be forged"
+    assert records[str(forged_id)].headers == {"id": str(forged_id).encode(), "eventType": b"Forged"}, (
+        "the event id cannot be forged"
+    )
 
 
 def test_rows_of_a_transaction_that_commits_late_are_still_published(servers: Servers, schema: str) -> None:
@@ -298,11 +298,7 @@ def test_rows_of_a_transaction_that_commits_late_are_still_published(servers: Se
 
 
 def _readyz(relay: RelayProcess) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{relay.metrics_port}/readyz", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+    return http_get(relay.metrics_port, "/readyz")
 
 
 def test_an_unknown_topic_is_held_back_the_rest_flows_and_the_relay_is_unready(
@@ -537,3 +533,38 @@ def test_a_relay_that_lost_leases_and_then_its_connection_carries_on(
         time.sleep(3)  # several lease ticks with the fresh keeper
         assert relay.process.poll() is None, relay.log()[-2000:]
         assert relay.terminate() == 0
+
+
+def test_readyz_answers_503_while_the_broker_is_down_past_the_grace_and_200_once_back(
+    servers: Servers, schema: str, own_kafka: Any
+) -> None:
+    with RelayProcess(servers.database_url, own_kafka.bootstrap, schema, "--delivery-timeout", "6") as relay:
+        wait_until(lambda: _readyz(relay)[0] == 200, 30, what="ready")
+        own_kafka.stop_node(own_kafka.nodes[0], kill=True)
+        stopped = time.monotonic()
+        assert _readyz(relay)[0] == 200, "a blip shorter than the delivery timeout keeps it ready"
+        wait_until(lambda: _readyz(relay)[0] == 503, 30, what="unready with the broker gone")
+        assert time.monotonic() - stopped >= 5, "not before the grace period"
+        assert "Kafka unusable" in _readyz(relay)[1]
+        own_kafka.start_node(own_kafka.nodes[0])
+        wait_until(lambda: _readyz(relay)[0] == 200, 60, what="ready again")
+        assert relay.terminate() == 0
+
+
+def test_readyz_answers_503_when_the_broker_refuses_our_credentials(servers: Servers, schema: str) -> None:
+    password = "kafka-hunter2"
+    sasl = ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", "sasl.username=u"]
+    flags = [arg for pair in sasl for arg in ("--kafka-config", pair)]
+    with RelayProcess(
+        servers.database_url,
+        servers.kafka_bootstrap,
+        schema,
+        "--delivery-timeout",
+        "3",
+        *flags,
+        env={"POSTBOX_RDKAFKA_SASL_PASSWORD": password},
+    ) as relay:
+        wait_until(lambda: _readyz(relay)[0] == 503 and "Kafka" in _readyz(relay)[1], 30, what="unready")
+        assert "SASL" in _readyz(relay)[1]
+        assert relay.terminate() == 0
+        assert password not in relay.log()

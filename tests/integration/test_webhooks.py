@@ -86,18 +86,21 @@ def test_a_stripe_twin_event_is_caught_by_the_second_key(receiver: ReceiverProce
     assert [r[1] for r in rows(db)] == [first["id"]]
 
 
-def test_shopify_dedups_on_the_webhook_id(receiver: ReceiverProcess, db: Conn) -> None:
+def test_shopify_dedups_on_the_webhook_id_and_on_the_signed_body(receiver: ReceiverProcess, db: Conn) -> None:
     body = b'{"id": 1001, "total_price": "49.99"}'
-    digest = base64.b64encode(hmac.new(SHOPIFY_SECRET.encode(), body, hashlib.sha256).digest()).decode()
-    for webhook_id in ("wh-1", "wh-1", "wh-2"):  # a retry of wh-1, then a delivery to another subscription
+    other = b'{"id": 1002, "total_price": "5.00"}'
+    # A retry of wh-1; wh-2, the same event delivered to a second subscription (Shopify: "several webhooks
+    # for the same event, one per subscription", to be skipped as duplicates); then another event.
+    for webhook_id, sent in (("wh-1", body), ("wh-1", body), ("wh-2", body), ("wh-3", other)):
+        digest = base64.b64encode(hmac.new(SHOPIFY_SECRET.encode(), sent, hashlib.sha256).digest()).decode()
         headers = {
             "X-Shopify-Hmac-Sha256": digest,
             "X-Shopify-Webhook-Id": webhook_id,
             "X-Shopify-Topic": "orders/create",
-            "X-Shopify-Event-Id": "same-event",
+            "X-Shopify-Event-Id": "same-event" if sent == body else "other-event",
         }
-        assert receiver.post("shopify", body, headers)[0] == 200
-    assert sorted(str(r[1]) for r in rows(db)) == ["wh-1", "wh-2"]
+        assert receiver.post("shopify", sent, headers)[0] == 200
+    assert sorted(str(r[1]) for r in rows(db)) == ["wh-1", "wh-3"]
 
 
 def marqeta_post(receiver: ReceiverProcess, document: dict[str, Any]) -> tuple[int, dict[str, object]]:

@@ -146,7 +146,9 @@ def test_a_signed_body_postgres_cannot_store_is_malformed(body: bytes) -> None:
 
 
 def test_escaped_backslashes_and_big_integers_are_still_accepted() -> None:
-    (event,) = stripe(b'{"id": "evt_1", "type": "a", "note": "\\\\u0000", "n": 123456789012345678901234567890}')
+    (event,) = stripe(
+        b'{"id": "evt_1", "type": "a", "note": "\\\\u0000", "n": 123456789012345678901234567890}'
+    )
     assert event.payload["note"] == "\\u0000"  # type: ignore[attr-defined]
 
 
@@ -172,9 +174,9 @@ def test_secret_files_are_stripped_and_an_empty_one_is_an_error(tmp_path: object
     (directory / "good").write_text("  whsec_abc \r\n\n")
     (directory / "empty").write_text("\n  \n")
     assert secret("S", {"S_FILE": str(directory / "good")}) == "whsec_abc"
-    with pytest.raises(ValueError, match="S_FILE=.*empty"):
+    with pytest.raises(ValueError, match=r"S_FILE=.*empty"):
         secret("S", {"S_FILE": str(directory / "empty")})
-    with pytest.raises(ValueError, match="POSTBOX_STRIPE_SECRETS_FILE=.*empty"):
+    with pytest.raises(ValueError, match=r"POSTBOX_STRIPE_SECRETS_FILE=.*empty"):
         providers_from_env({"POSTBOX_STRIPE_SECRETS_FILE": str(directory / "empty")})
     with pytest.raises(ValueError, match="S: the secret is empty"):
         secret("S", {"S": " "})

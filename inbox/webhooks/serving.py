@@ -1,0 +1,96 @@
+"""Running the receiver under uvicorn, safe from slow and idle clients.
+
+uvicorn cuts off an idle keep-alive connection only after a response; a client that connects and sends
+its headers a byte at a time is never cut off, and each such client holds a socket and a slot. Here:
+- every request's headers must arrive within `read_timeout` of the connection (or of the previous
+  response on a kept-alive one), else the connection is answered 408 and closed, and counted;
+- the body has the same deadline, enforced by the app (WebhookReceiver, answered 408 and counted);
+- at most `max_connections` connections and requests at once (uvicorn's limit_concurrency: past it, 503),
+  kept below the process's file-descriptor limit, which is raised to its hard limit first, so the
+  process never runs out of descriptors and `/readyz` and legitimate requests keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+# Descriptors kept free beyond the connection cap: the database pool, the metrics port, logs, libraries.
+RESERVED_DESCRIPTORS = 64
+_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: 37\r\n"
+    b"connection: close\r\n\r\n"
+    b'{"error": "request headers too slow"}'
+)
+
+
+class SlowClientMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.cut_off = Counter(
+            "postbox_webhook_slow_clients_total",
+            "Connections closed because the request headers did not arrive in time",
+            registry=registry,
+        )
+
+
+def protocol_with_header_deadline(read_timeout: float, metrics: SlowClientMetrics) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request's headers."""
+
+    class DeadlineH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _awaiting: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._awaiting = self.cycle  # the headers arrived once a new cycle exists
+            self._deadline = self.loop.call_later(read_timeout, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._deadline is not None and self.cycle is not self._awaiting:
+                self._disarm()  # a request's headers are complete: the app takes it from here
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # a kept-alive connection: the next request's headers have the same deadline
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            metrics.cut_off.inc()
+            self.transport.write(_TIMEOUT_RESPONSE)
+            self.transport.close()
+
+    return DeadlineH11Protocol
+
+
+def connection_limit(wanted: int) -> int:
+    """Raise the soft descriptor limit to the hard one; the connection cap that leaves room for the rest
+    (ValueError when even that is too few)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    available = soft - RESERVED_DESCRIPTORS if soft != resource.RLIM_INFINITY else wanted
+    if available < 16:
+        raise ValueError(f"the process may open only {soft} files; raise its limit (ulimit -n)")
+    return min(wanted, available)
