@@ -31,6 +31,14 @@ def add_inbox_commands(commands: Any) -> None:
         type=int,
         default=500,
     )
+    env_flag(
+        consume,
+        "--max-batch-bytes",
+        "POSTBOX_INBOX_MAX_BATCH_BYTES",
+        "bytes of messages fetched ahead and held at once (librdkafka's fetch and local queue sizes)",
+        type=int,
+        default=16 << 20,
+    )
     consume.add_argument(
         "--kafka-config",
         action="append",
@@ -202,6 +210,7 @@ def _cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             topics=[t.strip() for t in args.topics.split(",") if t.strip()],
             group_id=args.group_id,
             batch_size=args.batch_size,
+            max_batch_bytes=args.max_batch_bytes,
             kafka_config=kafka_config_from(args.kafka_config),
         )
     except (ValueError, ImportError) as exc:

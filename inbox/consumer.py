@@ -42,6 +42,10 @@ class ConsumerSettings:
     topics: list[str]
     group_id: str | None = None  # defaults to the inbox's consumer name
     batch_size: int = 500
+    # Memory: librdkafka prefetches into a local queue (64 MiB by default) and a poll takes its batch from
+    # there; both the queue and each fetch are held to this many bytes, so a batch of large records
+    # stays within about twice it, whatever the topic holds.
+    max_batch_bytes: int = 16 << 20
     poll_timeout: float = 1.0
     kafka_config: dict[str, str] = field(default_factory=dict)
 
@@ -55,6 +59,8 @@ class ConsumerSettings:
             raise ValueError("topic: at least one topic is required (POSTBOX_INBOX_TOPICS)")
         if not 1 <= self.batch_size <= 10_000:
             raise ValueError(f"batch-size: {self.batch_size} is outside 1..10000")
+        if not 1 << 20 <= self.max_batch_bytes <= 1 << 30:
+            raise ValueError(f"max-batch-bytes: {self.max_batch_bytes} is outside 1 MiB..1 GiB")
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
             if self.kafka_config.get(key, "false").lower() != "false":
                 raise ValueError(
@@ -100,6 +106,8 @@ class InboxConsumer:
             "group.id": self.settings.group_id or self.inbox.consumer,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
+            "queued.max.messages.kbytes": self.settings.max_batch_bytes // 1024,
+            "fetch.max.bytes": self.settings.max_batch_bytes,
             **self.settings.kafka_config,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -1,25 +1,63 @@
--- Least-privilege roles for postbox. Run as the owner of the postbox schema, after `postbox migrate`.
--- psql -v schema=postbox -v relay_password="'...'" -f deploy/sql/roles.sql
+-- Least-privilege roles for postbox: one per workload, each allowed only its own job.
+-- Run after `postbox migrate`, as a role that may create roles and owns the schema (or a superuser):
+--   psql "$ADMIN_URL" -v schema=postbox \
+--        -v migrator_password="'...'" -v relay_password="'...'" -v inbox_password="'...'" \
+--        -v receiver_password="'...'" -v worker_password="'...'" -f deploy/sql/roles.sql
+-- Safe to run again (after a migration adds a table): a role that exists is kept, grants are repeated.
 \set ON_ERROR_STOP on
 
--- The relay: reads and marks outbox rows, keeps its shard leases and membership; nothing else. It may
--- end sessions of its own role (how a replica that takes over fences a paused one), which needs no grant.
-CREATE ROLE postbox_relay LOGIN PASSWORD :relay_password;
-GRANT USAGE ON SCHEMA :"schema" TO postbox_relay;
-GRANT SELECT, UPDATE ON :"schema".outbox TO postbox_relay;
-GRANT SELECT, UPDATE ON :"schema".outbox_shard_lease TO postbox_relay;
-GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox_relay;
+SELECT format('CREATE ROLE %I LOGIN PASSWORD %L', name, password)
+FROM (VALUES ('postbox_migrator', :'migrator_password'), ('postbox_relay', :'relay_password'),
+             ('postbox_inbox', :'inbox_password'), ('postbox_webhook_receiver', :'receiver_password'),
+             ('postbox_webhook_worker', :'worker_password')) AS r(name, password)
+WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r.name)
+\gexec
+SELECT 'CREATE ROLE postbox_writer NOLOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'postbox_writer')
+\gexec
 
--- Pruning published rows (`postbox relay prune`, or --prune-retention or --delete-on-publish in the daemon)
--- also needs DELETE;
--- grant it to a separate maintenance role, or to postbox_relay if the daemon prunes:
---   GRANT DELETE ON :"schema".outbox TO postbox_relay;
+-- The migrator (the migrate Job): owns the schema and everything in it, so later migrations apply, and
+-- may create schemas in this database (`postbox migrate` runs CREATE SCHEMA IF NOT EXISTS). No daemon
+-- runs as it; retention commands (`postbox relay prune`, `inbox prune`, `inbox prune-webhooks`) may.
+SELECT format('GRANT CREATE ON DATABASE %I TO postbox_migrator', current_database())
+\gexec
+ALTER SCHEMA :"schema" OWNER TO postbox_migrator;
+SELECT format('ALTER TABLE %I.%I OWNER TO postbox_migrator', schemaname, tablename)
+FROM pg_tables WHERE schemaname = :'schema'
+\gexec
+SELECT format('ALTER FUNCTION %s OWNER TO postbox_migrator', p.oid::regprocedure)
+FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = :'schema'
+\gexec
+
+GRANT USAGE ON SCHEMA :"schema"
+    TO postbox_relay, postbox_writer, postbox_inbox, postbox_webhook_receiver, postbox_webhook_worker;
 
 -- An application that writes events: insert only, and only the columns `enqueue` writes. The relay's own
 -- columns (state, attempts, created_at, published_at, last_error) keep their defaults, so no writer can
 -- insert a row already "published", with an attempt count that overflows the mark, or with a forged age.
-CREATE ROLE postbox_writer NOLOGIN;
-GRANT USAGE ON SCHEMA :"schema" TO postbox_writer;
+-- e.g.  GRANT postbox_writer TO orders_service;
 GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic)
     ON :"schema".outbox TO postbox_writer;
--- e.g.  GRANT postbox_writer TO orders_service;
+
+-- The relay: reads and marks outbox rows, keeps its shard leases and membership; nothing else. It may
+-- end sessions of its own role (how a replica that takes over fences a paused one), which needs no grant.
+GRANT SELECT, UPDATE (state, published_at, attempts, last_error) ON :"schema".outbox TO postbox_relay;
+GRANT SELECT, UPDATE ON :"schema".outbox_shard_lease TO postbox_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox_relay;
+-- Pruning published rows (--prune-retention or --delete-on-publish in the daemon) also needs DELETE;
+-- `postbox relay prune` can run as the migrator instead:
+--   GRANT DELETE ON :"schema".outbox TO postbox_relay;
+
+-- The inbox consumer: claims and parks messages. Grant it your handlers' own tables too
+-- (GRANT SELECT, INSERT, UPDATE ON orders_projection TO postbox_inbox), or make it a member of a role
+-- that has them. Retention (`postbox inbox prune`) runs as the migrator.
+GRANT SELECT, INSERT, UPDATE (status, error, attempts) ON :"schema".inbox_message TO postbox_inbox;
+
+-- The webhook receiver (and `postbox inbox reconcile`): stores verified events, reads nothing back but
+-- the ids its insert returns.
+GRANT INSERT (provider, event_id, event_type, payload, headers, twin_key) ON :"schema".webhook_inbox
+    TO postbox_webhook_receiver;
+GRANT SELECT (event_id) ON :"schema".webhook_inbox TO postbox_webhook_receiver;
+
+-- The webhook worker: claims, finishes and reaps events. Grant it your handlers' tables as above.
+GRANT SELECT, UPDATE (status, attempts, last_error, not_before, locked_at, processed_at)
+    ON :"schema".webhook_inbox TO postbox_webhook_worker;

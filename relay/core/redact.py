@@ -64,9 +64,14 @@ def redact_text(value: str) -> str:
     return _SECRET_PAIR.sub(_mask_pair, value)
 
 
+_WHOLE_URL = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+
+
 def redact(name: str, value: str) -> str:
     if is_secret_name(name):
         return MASK
+    if _WHOLE_URL.match(value):
+        return redact_url(value)  # the whole value is one URL, whatever its password holds (even spaces)
     return redact_text(value)
 
 

@@ -57,6 +57,7 @@ def test_the_readme_relay_and_inbox_commands_apply_events_in_the_example_handler
     env = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(REPO),  # this checkout's code, whatever the venv has installed
         "DATABASE_URL": url,
         "POSTBOX_DATABASE_URL": url,
         "POSTBOX_KAFKA_BOOTSTRAP": servers.kafka_bootstrap,

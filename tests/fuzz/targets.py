@@ -32,7 +32,9 @@ from inbox.webhooks.providers import (
 )
 from relay.core.cli_options import duration
 from relay.core.kafka_config import parse_kafka_config
+from relay.core.redact import redact, scrub
 from relay.outbox.enqueue import OutboxEvent, PayloadError, _row
+from relay.outbox.routing import OutboxRow, RoutingError, check_topic_name, to_message, topic_for
 
 NOW = 1_800_000_000
 SECRET = "whsec_fuzz"
@@ -171,6 +173,43 @@ def settings(data: bytes) -> None:
         providers_from_env(environ)
 
 
+def relay_row(data: bytes) -> None:
+    """A row as any writer with INSERT could leave it (any text, headers of any JSON type): routing either
+    gives a legal topic and a message, or a RoutingError the relay parks the row with."""
+    fdp = atheris.FuzzedDataProvider(data)
+    texts = [fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 300)) for _ in range(4)]
+    values: list[object] = [fdp.ConsumeUnicodeNoSurrogates(20), fdp.ConsumeInt(8), None, [1], {"a": 1}, 1.5]
+    headers = {
+        fdp.ConsumeUnicodeNoSurrogates(10): fdp.PickValueInList(values)
+        for _ in range(fdp.ConsumeIntInRange(0, 4))
+    }
+    row = OutboxRow(
+        1, "e", texts[0], texts[1], texts[2], "{}", None, headers or None, texts[3] or None, 0, 0.0, 10
+    )
+    template = fdp.PickValueInList(["outbox.event.{aggregate_type}", "svc.{aggregate_type}.{event_type}"])
+    try:
+        topic = topic_for(row, template)
+        assert check_topic_name(topic) == topic
+        to_message(row, topic, "eventType")
+    except RoutingError:
+        pass
+
+
+def secrets(data: bytes) -> None:
+    """Whatever a password holds, masking never shows it: in a URL, in libpq's keyword form, quoted in an
+    error message; nor a PEM block's body."""
+    fdp = atheris.FuzzedDataProvider(data)
+    password = fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(6, 40))
+    if len(password.strip()) < 6:
+        return
+    url = f"postgresql://app:{password}@db.example:5432/x?sslmode=require"
+    assert password not in redact("POSTBOX_DATABASE_URL", url), url
+    assert password not in scrub(f'invalid URI query parameter: "{url}"', password)
+    pem = f"-----BEGIN PRIVATE KEY-----\n{password}\n-----END PRIVATE KEY-----"
+    assert password not in redact("anything", f"tls {pem} end")
+    redact(fdp.ConsumeUnicodeNoSurrogates(30), fdp.ConsumeUnicodeNoSurrogates(fdp.remaining_bytes()))
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "stripe": stripe,
     "shopify": shopify,
@@ -179,4 +218,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "message_id": message_id,
     "outbox_row": outbox_row,
     "settings": settings,
+    "relay_row": relay_row,
+    "secrets": secrets,
 }

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -167,64 +168,175 @@ def test_the_wheel_the_image_installs_carries_the_sql(tmp_path: Path) -> None:
     } <= names
 
 
-def test_the_relay_works_with_only_its_least_privilege_grants(own_postgres: Any, servers: Servers) -> None:
+ROLES = ("migrator", "relay", "inbox", "receiver", "worker")
+
+
+def refused(url: str, statement: str, params: tuple[object, ...] = ()) -> None:
+    """`statement` run as the role in `url` fails for want of a privilege."""
+    with psycopg.connect(url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement, params)
+
+
+def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
+    own_postgres: Any, servers: Servers
+) -> None:
+    from inbox.webhooks.providers import stripe_signature_header  # noqa: PLC0415
+    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
+    from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL  # noqa: PLC0415
+    from tests.support import (  # noqa: PLC0415
+        STRIPE_SECRET,
+        InboxProcess,
+        ReceiverProcess,
+        WorkerProcess,
+        create_topic,
+        produce,
+    )
+
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")
-    subprocess.run(
-        [
-            tool("psql"),
-            own_postgres.dsn,
-            "-q",
-            "-v",
-            "schema=postbox",
-            "-v",
-            "relay_password='pw'",
-            "-f",
-            str(REPO / "deploy" / "sql" / "roles.sql"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    passwords = [arg for role in ROLES for arg in ("-v", f"{role}_password='pw-{role}'")]
+    run_roles = [tool("psql"), own_postgres.dsn, "-q", "-v", "schema=postbox", *passwords]
+    run_roles += ["-f", str(REPO / "deploy/sql/roles.sql")]
+    subprocess.run(run_roles, check=True, capture_output=True)
+    subprocess.run(run_roles, check=True, capture_output=True)  # safe to run again
     host_part = own_postgres.dsn.split("@", 1)[1]
-    relay_dsn, writer_dsn = f"postgresql://postbox_relay@{host_part}", own_postgres.dsn
-    with psycopg.connect(writer_dsn) as app:
-        app.execute("CREATE ROLE orders_service LOGIN IN ROLE postbox_writer")
-        app.commit()
-    with psycopg.connect(f"postgresql://orders_service@{host_part}") as app:
+    url = {
+        role: f"postgresql://{name}@{host_part}"
+        for role, name in [
+            ("migrator", "postbox_migrator"),
+            ("relay", "postbox_relay"),
+            ("inbox", "postbox_inbox"),
+            ("receiver", "postbox_webhook_receiver"),
+            ("worker", "postbox_webhook_worker"),
+            ("writer", "orders_service"),
+        ]
+    }
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as admin:
+        admin.execute("CREATE ROLE orders_service LOGIN IN ROLE postbox_writer")
+        for statement in filter(str.strip, f"{BANK_SQL};{HOOKS_SQL}".split(";")):
+            admin.execute(statement)  # the services' own tables, in public, granted as roles.sql says
+        admin.execute("GRANT SELECT, INSERT, UPDATE ON accounts, effects TO postbox_inbox")
+        admin.execute("GRANT INSERT ON applied TO postbox_webhook_worker")
+
+    # The migrator: owns the schema, so `postbox migrate` (nothing left to apply) runs as it.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "migrate",
+            "--database-url",
+            url["migrator"],
+            "--schema",
+            "postbox",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+    # The writer: enqueue, nothing else.
+    with psycopg.connect(url["writer"]) as app:
         for i in range(20):
             enqueue(app, f"least{uuid.uuid4().hex[:4]}", f"a{i}", "E", {"i": i})
         app.commit()
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            app.execute("SELECT count(*) FROM postbox.outbox")
-        app.rollback()
-        for column, value in [
-            ("state", "published"),
-            ("attempts", 2147483647),
-            ("created_at", "infinity"),
-            ("published_at", "now"),
-            ("last_error", "x"),
-        ]:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                app.execute(
-                    "INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type, "
-                    f"{column}) VALUES ('least', 'a', 'E', %s)",
-                    (value,),
-                )
-            app.rollback()
-    with RelayProcess(relay_dsn, servers.kafka_bootstrap, "postbox") as relay:
+    refused(url["writer"], "SELECT count(*) FROM postbox.outbox")
+    for column, value in [
+        ("state", "published"),
+        ("attempts", 2147483647),
+        ("created_at", "infinity"),
+        ("published_at", "now"),
+        ("last_error", "x"),
+    ]:
+        refused(
+            url["writer"],
+            f"INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type, {column}) "
+            "VALUES ('least', 'a', 'E', %s)",
+            (value,),
+        )
+
+    # The relay: publishes, and reaches neither the inboxes nor the rows' content columns for writing.
+    with RelayProcess(url["relay"], servers.kafka_bootstrap, "postbox") as relay:
         wait_until(
             lambda: outbox_states(own_postgres.dsn, "postbox") == {"published": 20},
             60,
             what="published by the least-privilege relay",
         )
         assert relay.terminate() == 0
-    with psycopg.connect(relay_dsn) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
-        conn.execute("DELETE FROM postbox.outbox")
+    refused(url["relay"], "DELETE FROM postbox.outbox")
+    refused(url["relay"], "UPDATE postbox.outbox SET payload = '{}'")
+    refused(url["relay"], "SELECT count(*) FROM postbox.inbox_message")
+    refused(url["relay"], "SELECT count(*) FROM postbox.webhook_inbox")
+
+    # The inbox consumer: claims and applies (its handlers' tables granted to it), nothing of the outbox.
+    topic = f"least-{uuid.uuid4().hex[:6]}"
+    create_topic(servers.kafka_bootstrap, topic, 1)
+    produce(
+        servers.kafka_bootstrap,
+        topic,
+        [(f"m{i}", "Deposit", {"account": "acc", "amount": 1}) for i in range(5)],
+    )
+    with InboxProcess(
+        url["inbox"], servers.kafka_bootstrap, "postbox", "tests.apps.bank:inbox", [topic]
+    ) as inbox:
+        wait_until(
+            lambda: (
+                psycopg.connect(own_postgres.dsn).execute("SELECT balance FROM accounts").fetchall() == [(5,)]
+            ),
+            60,
+            what="deposits applied by the least-privilege consumer",
+        )
+        assert inbox.terminate() == 0
+    refused(url["inbox"], "SELECT count(*) FROM postbox.outbox")
+    refused(
+        url["inbox"],
+        "INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type) VALUES ('a', 'b', 'c')",
+    )
+    refused(url["inbox"], "SELECT count(*) FROM postbox.webhook_inbox")
+    refused(url["inbox"], "DELETE FROM postbox.inbox_message")
+
+    # The webhook receiver: stores verified events; reads no payload back, reaches no outbox.
+    body = json.dumps(
+        {"id": "evt_least", "type": "invoice.paid", "data": {"object": {"id": "in_1"}}}
+    ).encode()
+    with ReceiverProcess(url["receiver"], "postbox") as receiver:
+        signature = stripe_signature_header(STRIPE_SECRET, body, int(time.time()))
+        assert receiver.post("stripe", body, {"Stripe-Signature": signature}) == (
+            200,
+            {"accepted": 1, "duplicates": 0},
+        )
+        assert receiver.terminate() == 0
+    refused(url["receiver"], "SELECT payload FROM postbox.webhook_inbox")
+    refused(url["receiver"], "UPDATE postbox.webhook_inbox SET status = 'done'")
+    refused(url["receiver"], "SELECT count(*) FROM postbox.outbox")
+    refused(url["receiver"], "SELECT count(*) FROM postbox.inbox_message")
+
+    # The webhook worker: processes the stored event; stores none of its own, reaches no outbox.
+    with WorkerProcess(url["worker"], "postbox") as worker:
+        wait_until(
+            lambda: (
+                psycopg.connect(own_postgres.dsn).execute("SELECT event_id FROM applied").fetchall()
+                == [("evt_least",)]
+            ),
+            60,
+            what="the event processed by the least-privilege worker",
+        )
+        assert worker.terminate() == 0
+    refused(
+        url["worker"],
+        "INSERT INTO postbox.webhook_inbox (provider, event_id, event_type, payload) "
+        "VALUES ('x', 'y', 'z', '{}')",
+    )
+    refused(url["worker"], "SELECT count(*) FROM postbox.outbox")
+    refused(url["worker"], "DELETE FROM postbox.webhook_inbox")
+
     # Without the DELETE grant, --delete-on-publish is refused before anything is claimed or sent.
-    with psycopg.connect(f"postgresql://orders_service@{host_part}") as app:
+    with psycopg.connect(url["writer"]) as app:
         enqueue(app, "least", "a", "E", {"i": "after"})
         app.commit()
-    with RelayProcess(relay_dsn, servers.kafka_bootstrap, "postbox", "--delete-on-publish") as relay:
+    with RelayProcess(url["relay"], servers.kafka_bootstrap, "postbox", "--delete-on-publish") as relay:
         assert relay.process.wait(timeout=30) == 2
         assert "relay_misconfigured" in relay.log()
         assert "GRANT DELETE ON postbox.outbox" in relay.log()

@@ -10,7 +10,17 @@ import pytest
 
 from tests.support import REPO
 
-TARGETS = ["stripe", "shopify", "marqeta", "generic", "message_id", "outbox_row", "settings"]
+TARGETS = [
+    "stripe",
+    "shopify",
+    "marqeta",
+    "generic",
+    "message_id",
+    "outbox_row",
+    "settings",
+    "relay_row",
+    "secrets",
+]
 RUNS = 20_000
 
 

@@ -80,3 +80,90 @@ def test_liveness_options_fill_in_what_the_url_leaves_out() -> None:
     assert "connect_timeout" not in chosen
     assert "keepalives_idle" not in chosen
     assert chosen["tcp_user_timeout"] == "20000"
+
+
+def test_config_check_masks_key_material_odd_passwords_and_oauth_secrets(tmp_path: object) -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    url_file = Path(str(tmp_path)) / "db-url"
+    url_file.write_text("postgresql://app:hun#ter2@db/x?sslmode=require\n")
+    result = run_check(
+        {
+            "POSTBOX_DATABASE_URL_FILE": str(url_file),
+            "POSTBOX_KAFKA_BOOTSTRAP": "k:9092",
+            "POSTBOX_RDKAFKA_SSL_KEY_PEM": (
+                "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADAN\n-----END PRIVATE KEY-----"
+            ),
+            "POSTBOX_RDKAFKA_SASL_OAUTHBEARER_CONFIG": "principal=svc clientId=abc clientSecret=s3cr3t-oauth",
+        }
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for secret in ("hun#ter2", "ter2", "MIIEvQ", "s3cr3t-oauth"):
+        assert secret not in result.stdout, secret
+    assert "database_url = postgresql://app:********@db/x?sslmode=require" in result.stdout
+
+
+def test_an_empty_secret_file_fails_the_check_naming_it(tmp_path: object) -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    empty = Path(str(tmp_path)) / "stripe"
+    empty.write_text("\n")
+    result = run_check(
+        {
+            "POSTBOX_DATABASE_URL": "postgresql://db/x",
+            "POSTBOX_KAFKA_BOOTSTRAP": "k:9092",
+            "POSTBOX_STRIPE_SECRETS_FILE": str(empty),
+        }
+    )
+    assert result.returncode == 1, result.stdout
+    assert "POSTBOX_STRIPE_SECRETS_FILE=" in result.stdout
+    assert "the secret is empty" in result.stdout
+
+
+def test_a_malformed_database_url_is_refused_without_showing_its_password() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "relay.cli", "relay", "run", "--kafka-bootstrap", "k:9092"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "POSTBOX_DATABASE_URL": "postgresql://app:hun%zzter2@db/x"},
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "database-url: not a valid PostgreSQL URL" in result.stderr
+    assert "hun%zzter2" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_a_metrics_port_already_taken_is_a_message_naming_the_setting() -> None:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "relay.cli",
+                "relay",
+                "run",
+                "--database-url",
+                "postgresql://127.0.0.1:1/x",
+                "--kafka-bootstrap",
+                "127.0.0.1:1",
+                "--metrics-address",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+            timeout=60,
+        )
+    assert result.returncode != 0
+    assert f"--metrics-address 127.0.0.1:{port} (POSTBOX_METRICS_ADDRESS) cannot be served" in result.stderr
+    assert "Traceback" not in result.stderr
