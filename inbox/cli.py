@@ -171,6 +171,36 @@ def add_inbox_commands(commands: Any) -> None:
         default=duration("60d"),
     )
     prune.set_defaults(handler=_cmd_prune)
+    _add_status_commands(sub)
+
+
+def _add_status_commands(sub: Any) -> None:
+    """The operator's views: `status`, `status-webhooks`, `requeue-webhooks`."""
+    status = sub.add_parser("status", help="per consumer: processed, parked, oldest parked, last processed")
+    add_database_options(status)
+    status.add_argument("--consumer", help="only this consumer (the Inbox's name)")
+    status.add_argument(
+        "--show-parked", type=int, default=10, metavar="N", help="list up to N parked messages"
+    )
+    status.set_defaults(handler=_cmd_status)
+
+    hooks_status = sub.add_parser("status-webhooks", help="the webhook inbox by provider and status")
+    add_database_options(hooks_status)
+    hooks_status.add_argument(
+        "--show-failed", type=int, default=10, metavar="N", help="list up to N failed events"
+    )
+    hooks_status.set_defaults(handler=_cmd_status_webhooks)
+
+    requeue = sub.add_parser(
+        "requeue-webhooks", help="failed webhook events back to pending, with their attempts reset"
+    )
+    add_database_options(requeue)
+    requeue.add_argument("--provider", help="only this provider's events")
+    requeue.add_argument("--id", dest="event_ids", action="append", help="an event id (repeatable)")
+    requeue.add_argument("--event-type", help="only events of this type")
+    requeue.add_argument("--error-like", help="only events whose last error matches this LIKE pattern")
+    requeue.add_argument("--all", action="store_true", help="every failed event")
+    requeue.set_defaults(handler=_cmd_requeue_webhooks)
 
 
 def load_app(spec: str, kind: type[T] | None = None) -> T | Any:
@@ -380,4 +410,64 @@ def _cmd_prune_webhooks(args: argparse.Namespace, parser: argparse.ArgumentParse
     with connect(args.database_url, args.schema) as conn:
         deleted = prune_webhooks(conn, args.older_than)
     print(f"pruned {deleted} webhook rows older than {args.older_than}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    from inbox.admin import consumer_status, parked_messages  # noqa: PLC0415
+    from relay.core.db import connect  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema, autocommit=True) as conn:
+        found = consumer_status(conn, args.consumer)
+        parked = parked_messages(conn, args.consumer, args.show_parked)
+    if not found:
+        print("no inbox messages" + (f" for consumer {args.consumer!r}" if args.consumer else ""))
+    for st in found:
+        last = f"{st.last_processed:%Y-%m-%d %H:%M:%S%z}" if st.last_processed else "never"
+        print(
+            f"{st.consumer}: processed {st.processed}, parked {st.parked}"
+            f" (oldest {st.oldest_parked_seconds:.0f} s), last processed {last}"
+        )
+    for consumer, message_id, topic, partition, offset, attempts, error in parked:
+        print(
+            f"  parked {consumer} {message_id} at {topic}/{partition}/{offset} attempts={attempts}: {error}"
+        )
+    return 0
+
+
+def _cmd_status_webhooks(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    from inbox.admin import failed_webhooks, webhook_status  # noqa: PLC0415
+    from relay.core.db import connect  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema, autocommit=True) as conn:
+        found = webhook_status(conn)
+        failed = failed_webhooks(conn, args.show_failed)
+    if not found:
+        print("no webhook events")
+    for provider, status, count, oldest in found:
+        print(f"{provider:12} {status:10} {count:8} events, oldest {oldest:.0f} s")
+    for provider, event_id, event_type, attempts, error in failed:
+        print(f"  failed {provider} {event_id} {event_type} attempts={attempts}: {error}")
+    return 0
+
+
+def _cmd_requeue_webhooks(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "database_url")
+    if not (args.provider or args.event_ids or args.event_type or args.error_like or args.all):
+        parser.error("say which failed events: --provider, --id, --event-type, --error-like, or --all")
+    from inbox.admin import requeue_webhooks  # noqa: PLC0415
+    from relay.core.db import connect  # noqa: PLC0415
+
+    with connect(args.database_url, args.schema) as conn:
+        done = requeue_webhooks(
+            conn,
+            provider=args.provider,
+            event_ids=args.event_ids,
+            event_type=args.event_type,
+            error_like=args.error_like,
+        )
+    shown = ", ".join(f"{p}/{e}" for p, e in done[:50])
+    print(f"requeued {len(done)} webhook events" + (f": {shown}" if done else ""))
     return 0

@@ -444,3 +444,14 @@ class InboxConsumer:
             first[key] = min(first.get(key, record.offset()), record.offset())
         for (topic, partition), offset in first.items():
             consumer.seek(TopicPartition(topic, partition, offset))
+
+
+def consume(inbox: Inbox, database_url: str, kafka_bootstrap: str, topics: list[str], **options: Any) -> int:
+    """Run `inbox` as a consumer until SIGTERM/SIGINT; returns 0 after a clean stop. `options` are
+    ConsumerSettings fields (group_id, batch_size, max_batch_bytes, kafka_config...)."""
+    settings = ConsumerSettings(
+        database_url=database_url, kafka_bootstrap=kafka_bootstrap, topics=topics, **options
+    )
+    consumer = InboxConsumer(inbox, settings)
+    consumer.install_signal_handlers()
+    return consumer.run()

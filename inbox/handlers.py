@@ -9,9 +9,10 @@
         tx.execute("INSERT INTO charges (order_id, amount) VALUES (%s, %s)",
                    (message.payload["id"], message.payload["total"]))
 
-Run it with `postbox inbox consume --app billing.handlers:inbox --topic outbox.event.order`, or embed it
-with `inbox.consume(...)`. The handler runs inside the transaction that claimed the message: commit or
-roll back together, so a message is applied effectively once.
+Run it with `postbox inbox consume --app billing.handlers:inbox --topics outbox.event.order`, or embed it
+with `inbox.consume(inbox, database_url, kafka_bootstrap, topics)`. The handler runs inside the
+transaction that claimed the message: commit or roll back together, so a message is applied effectively
+once.
 """
 
 from __future__ import annotations
@@ -100,14 +101,3 @@ class Inbox:
     def run_after_commit(self, messages: list[Message]) -> None:
         for hook in self._after_commit:
             hook(messages)
-
-    def consume(self, database_url: str, kafka_bootstrap: str, topics: list[str], **options: Any) -> int:
-        """Consume until SIGTERM/SIGINT (or `stop()` on the returned consumer's owner); returns 0."""
-        from inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
-
-        settings = ConsumerSettings(
-            database_url=database_url, kafka_bootstrap=kafka_bootstrap, topics=topics, **options
-        )
-        consumer = InboxConsumer(self, settings)
-        consumer.install_signal_handlers()
-        return consumer.run()

@@ -82,13 +82,17 @@ class IdSource:
     name: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> IdSource:
+    def parse(cls, text: str, *, allow_coordinates: bool = True) -> IdSource:
+        """The one parser of this mini-language, for message ids and for the generic webhook provider's
+        id and type (which have no coordinates)."""
         kind, _, name = text.partition(":")
-        if kind == "coordinates" and not name:
+        if allow_coordinates and kind == "coordinates" and not name:
             return cls("coordinates")
         if kind in ("header", "payload") and name:
             return cls(kind, name)
-        raise ValueError(f"message-id source {text!r}: use header:NAME, payload:PATH or coordinates")
+        if allow_coordinates:
+            raise ValueError(f"message-id source {text!r}: use header:NAME, payload:PATH or coordinates")
+        raise ValueError(f"source {text!r}: use header:NAME or payload:PATH")
 
     def extract(
         self, topic: str, partition: int, offset: int, headers: dict[str, bytes], value: bytes | None
@@ -101,16 +105,25 @@ class IdSource:
                 raise MessageIdMissing(f"no {self.name!r} header")
             return usable_id(raw, f"header {self.name!r}")
         try:
-            node: Any = json.loads(value) if value is not None else None
+            document: Any = json.loads(value) if value is not None else None
         except (ValueError, RecursionError):  # RecursionError: nested too deeply for json's parser
             raise MessageIdMissing("value is not JSON, so payload path cannot be read") from None
-        for part in self.name.split("."):
-            if not isinstance(node, dict) or part not in node:
-                raise MessageIdMissing(f"no {self.name!r} in the payload")
-            node = node[part]
-        if node is None or isinstance(node, dict | list) or node == "":
+        node = payload_field(document, self.name)
+        if node is None:
+            raise MessageIdMissing(f"no {self.name!r} in the payload")
+        if isinstance(node, dict | list) or node == "":
             raise MessageIdMissing(f"payload {self.name!r} is not a scalar id")
         return usable_id(str(node), f"payload {self.name!r}")
+
+
+def payload_field(document: Any, path: str) -> Any:
+    """The value at a dotted path (`a.b.c`) of a parsed JSON document; None where the path is absent."""
+    node = document
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def event_type_of(headers: dict[str, bytes], type_header: str) -> str | None:

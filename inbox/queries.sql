@@ -23,6 +23,20 @@ WHERE ctid IN (
     LIMIT %(limit)s)
 
 -- name: failed_messages
-SELECT message_id, topic, kafka_partition, kafka_offset, attempts, error, received_at
-FROM inbox_message WHERE consumer = %(consumer)s AND status = 'failed'
+-- The parked messages of one consumer (or of all, consumer NULL), oldest first.
+SELECT consumer, message_id, topic, kafka_partition, kafka_offset, attempts, error
+FROM inbox_message
+WHERE status = 'failed' AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
 ORDER BY received_at LIMIT %(limit)s
+
+-- name: consumer_status
+-- Per consumer: messages processed, parked, the oldest parked one's age, the last processing time.
+SELECT consumer,
+       count(*) FILTER (WHERE status = 'done'),
+       count(*) FILTER (WHERE status = 'failed'),
+       coalesce(extract(epoch FROM now() - min(received_at) FILTER (WHERE status = 'failed')), 0)::float8,
+       max(processed_at)
+FROM inbox_message
+WHERE %(consumer)s::text IS NULL OR consumer = %(consumer)s::text
+GROUP BY consumer
+ORDER BY consumer

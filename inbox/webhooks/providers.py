@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from inbox.message import IdSource, payload_field
+
 Headers = Mapping[str, str]  # lower-cased names
 
 
@@ -346,9 +348,10 @@ class GenericHmac:
             raise ValueError(f"{self.name}: encoding is hex or base64")
         hashlib.new(self.algorithm)  # ValueError for an unknown algorithm
         for source in (self.id_from, self.type_from):
-            kind, _, name = source.partition(":")
-            if kind not in ("header", "payload") or not name:
-                raise ValueError(f"{self.name}: {source!r} must be header:NAME or payload:PATH")
+            try:
+                IdSource.parse(source, allow_coordinates=False)
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {exc}") from None
 
     def verify(self, headers: Headers, body: bytes, now: float) -> None:
         # removeprefix, not a split on "=": a base64 signature ends in "=" padding (found by the fuzzer).
@@ -365,13 +368,11 @@ class GenericHmac:
             raise SignatureError(f"{self.signature_header} does not match")
 
     def _pick(self, source: str, headers: Headers, payload: Any) -> str:
-        kind, _, name = source.partition(":")
-        if kind == "header":
-            value: Any = headers.get(name.lower())
+        where = IdSource.parse(source, allow_coordinates=False)
+        if where.kind == "header":
+            value: Any = headers.get(where.name.lower())
         else:
-            value = payload
-            for part in name.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
+            value = payload_field(payload, where.name)
         if value is None or isinstance(value, dict | list) or str(value) == "":
             raise MalformedWebhook(f"{source} is missing")
         return str(value)

@@ -60,3 +60,24 @@ WHERE ctid IN (
     SELECT ctid FROM webhook_inbox
     WHERE received_at < now() - %(retention)s::interval AND status IN ('done', 'failed')
     LIMIT %(limit)s)
+
+-- name: status_by_provider
+SELECT provider, status, count(*), coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8
+FROM webhook_inbox GROUP BY provider, status ORDER BY provider, status
+
+-- name: failed_events
+SELECT provider, event_id, event_type, attempts, last_error
+FROM webhook_inbox WHERE status = 'failed' ORDER BY received_at LIMIT %(limit)s
+
+-- name: requeue_events
+-- Failed events back to pending with their attempts reset, so they get the full max_attempts again.
+-- Every filter that is given must match (NULL means "any").
+UPDATE webhook_inbox
+SET status = 'pending', attempts = 0, not_before = NULL, locked_at = NULL,
+    last_error = 'requeued after: ' || coalesce(last_error, '')
+WHERE status = 'failed'
+  AND (%(provider)s::text IS NULL OR provider = %(provider)s::text)
+  AND (%(event_ids)s::text[] IS NULL OR event_id = ANY (%(event_ids)s::text[]))
+  AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s::text)
+  AND (%(error_like)s::text IS NULL OR last_error LIKE %(error_like)s::text)
+RETURNING provider, event_id

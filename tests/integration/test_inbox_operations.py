@@ -1,0 +1,95 @@
+"""`postbox inbox status`, `status-webhooks` and `requeue-webhooks` on a real database, and a requeued
+webhook event processed again by a real worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+
+from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL
+from tests.servers import Servers
+from tests.support import REPO, WorkerProcess, wait_until
+
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+def inbox_cli(
+    servers: Servers, schema: str, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relay.cli",
+            "inbox",
+            *args,
+            "--database-url",
+            servers.database_url,
+            "--schema",
+            schema,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=check,
+        timeout=60,
+    )
+
+
+def test_inbox_status_counts_per_consumer_and_lists_the_parked(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    assert "no inbox messages" in inbox_cli(servers, schema, "status").stdout
+    db.execute(
+        "INSERT INTO inbox_message (consumer, message_id, topic, kafka_partition, kafka_offset, status, "
+        "error, processed_at) VALUES "
+        "('billing', 'm1', 't', 0, 1, 'done', NULL, now()), "
+        "('billing', 'm2', 't', 0, 2, 'done', NULL, now()), "
+        "('billing', 'm3', 't', 1, 7, 'failed', 'KeyError: total', NULL), "
+        "('shipping', 'm1', 't', 0, 1, 'done', NULL, now())"
+    )
+    out = inbox_cli(servers, schema, "status").stdout
+    assert "billing: processed 2, parked 1" in out
+    assert "shipping: processed 1, parked 0" in out
+    assert "parked billing m3 at t/1/7 attempts=1: KeyError: total" in out
+    only = inbox_cli(servers, schema, "status", "--consumer", "shipping").stdout
+    assert "billing" not in only
+
+
+def test_failed_webhook_events_are_requeued_with_fresh_attempts_and_processed_again(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    db.execute(HOOKS_SQL)
+    db.execute(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, attempts, last_error) "
+        "VALUES "
+        "('stripe', 'evt_1', 'invoice.paid', '{}', 'failed', 3, 'RuntimeError: db of the day'), "
+        "('shopify', 'wh_1', 'orders/create', '{}', 'failed', 3, 'RuntimeError: other'), "
+        "('stripe', 'evt_2', 'invoice.paid', '{}', 'done', 1, NULL)"
+    )
+    out = inbox_cli(servers, schema, "status-webhooks").stdout
+    assert "stripe       failed            1 events" in out
+    assert "failed stripe evt_1 invoice.paid attempts=3: RuntimeError: db of the day" in out
+    refused = inbox_cli(servers, schema, "requeue-webhooks", check=False)
+    assert refused.returncode == 2
+    assert "say which failed events" in refused.stderr
+    out = inbox_cli(
+        servers, schema, "requeue-webhooks", "--provider", "stripe", "--error-like", "%db of%"
+    ).stdout
+    assert "requeued 1 webhook events: stripe/evt_1" in out
+    row = db.execute("SELECT status, attempts FROM webhook_inbox WHERE event_id = 'evt_1'").fetchone()
+    assert row == ("pending", 0)
+    assert db.execute("SELECT status FROM webhook_inbox WHERE event_id = 'wh_1'").fetchone() == ("failed",)
+    with WorkerProcess(servers.database_url, schema) as worker:
+        wait_until(
+            lambda: (
+                db.execute("SELECT status FROM webhook_inbox WHERE event_id = 'evt_1'").fetchone()
+                == ("done",)
+            ),
+            30,
+            what="the requeued event processed",
+        )
+        assert worker.terminate() == 0
+    assert db.execute("SELECT event_id FROM applied").fetchall() == [("evt_1",)]
