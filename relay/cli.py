@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev_commands = dev.add_subparsers(dest="dev_command", metavar="DEV_COMMAND", required=True)
     up = dev_commands.add_parser("up", help="start PostgreSQL and Kafka, apply the schema, wait for Ctrl-C")
     _add_stack_options(up)
+    env_flag(
+        up, "--name", "POSTBOX_DEV_STACK", "the stack's name, for `postbox dev env --name`", default="default"
+    )
     up.set_defaults(handler=_cmd_dev_up)
     demo = dev_commands.add_parser("demo", help="the relay on the local stack with sample traffic to watch")
     env_flag(
@@ -50,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(demo, "--rate", "POSTBOX_DEMO_RATE", "orders written per second", type=float, default=5.0)
     demo.set_defaults(handler=_cmd_dev_demo)
-    env = dev_commands.add_parser("env", help="print the connection settings of the running local stack")
+    env = dev_commands.add_parser("env", help="print the connection settings of a running local stack")
+    env_flag(
+        env,
+        "--name",
+        "POSTBOX_DEV_STACK",
+        "which stack (as named by `postbox dev up --name`)",
+        default="default",
+    )
     env.set_defaults(handler=_cmd_dev_env)
 
     config = commands.add_parser("config", help="check the configuration")
@@ -109,15 +119,23 @@ def _cmd_dev_up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     import psycopg  # noqa: PLC0415
 
     from relay.core.migrate import migrate  # noqa: PLC0415
-    from relay.devstack.stack import local_stack  # noqa: PLC0415
+    from relay.devstack.stack import check_stack_name, local_stack, read_state  # noqa: PLC0415
 
+    try:
+        check_stack_name(args.name)
+    except ValueError as exc:
+        parser.error(f"--name: {exc}")
+    if read_state(args.name) is not None:
+        parser.error(f"a stack named {args.name!r} is already running; give this one another --name")
     print("starting PostgreSQL and Kafka (the first start fetches the Kafka jars with Maven)...", flush=True)
-    with local_stack(pg=args.postgres, kafka_nodes=args.kafka_nodes, publish_state=True) as (_, _, info):
+    stack = local_stack(pg=args.postgres, kafka_nodes=args.kafka_nodes, publish_state=True, name=args.name)
+    with stack as (_, _, info):
         with psycopg.connect(info.database_url) as conn:
             migrate(conn, args.schema)
         print(f"PostgreSQL {info.postgres_version}  {info.database_url}")
         print(f"Kafka {info.kafka_version}      {info.kafka_bootstrap}")
-        print(f'schema {args.schema} is migrated. In another terminal:  eval "$(postbox dev env)"')
+        env_command = "postbox dev env" + ("" if args.name == "default" else f" --name {args.name}")
+        print(f'schema {args.schema} is migrated. In another terminal:  eval "$({env_command})"')
         print("Ctrl-C stops both servers and deletes their data.", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         with contextlib.suppress(KeyboardInterrupt):
@@ -132,12 +150,22 @@ def _cmd_dev_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def _cmd_dev_env(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from relay.devstack.stack import read_state  # noqa: PLC0415
+    from relay.devstack.stack import check_stack_name, read_state, running_stacks  # noqa: PLC0415
 
-    info = read_state()
+    try:
+        info = read_state(check_stack_name(args.name))
+    except ValueError as exc:
+        parser.error(f"--name: {exc}")
     if info is None:
-        print("postbox: no local stack is running (start one with `postbox dev up`)", file=sys.stderr)
+        others = running_stacks()
+        hint = (
+            f"; running: {', '.join(others)} (use --name)" if others else " (start one with `postbox dev up`)"
+        )
+        print(f"postbox: no local stack named {args.name!r} is running{hint}", file=sys.stderr)
         return 1
+    print(
+        f"# postbox dev stack {args.name!r}: PostgreSQL {info.postgres_version}, Kafka {info.kafka_version}"
+    )
     for name, value in info.as_env().items():
         print(f"export {name}={value}")
     return 0

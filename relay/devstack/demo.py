@@ -131,7 +131,7 @@ def run_demo(duration: float, rate: float, schema: str = "postbox") -> int:
     print(
         "starting a real PostgreSQL and Kafka (first start fetches the Kafka jars with Maven)...", flush=True
     )
-    with local_stack(publish_state=True) as (_, _, info):
+    with local_stack(publish_state=True, name="demo") as (_, _, info):
         with psycopg.connect(info.database_url, autocommit=True) as conn:
             migrate(conn, schema)
             conn.execute("CREATE TABLE demo_orders (id text PRIMARY KEY, total bigint)")

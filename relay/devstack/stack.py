@@ -1,9 +1,15 @@
-"""PostgreSQL + Kafka together, with a state file so other terminals can find the running stack."""
+"""PostgreSQL + Kafka together, with a state file per named stack so other terminals can find it.
+
+Each stack has a name (`postbox dev up --name NAME`, default `default`) and its own state file, so two
+stacks on one machine (a demo beside a dev stack, two terminals) never point `postbox dev env` at each
+other's servers.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,9 +18,25 @@ from pathlib import Path
 from relay.devstack.kafka import LocalKafka, cache_dir
 from relay.devstack.postgres import LocalPostgres, find_bin_dir
 
+DEFAULT_STACK = "default"
 
-def state_file() -> Path:
-    return cache_dir() / "stack.json"
+
+def check_stack_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
+        raise ValueError(f"stack name {name!r}: 1-40 of A-Z a-z 0-9 _ -")
+    return name
+
+
+def state_file(name: str = DEFAULT_STACK) -> Path:
+    return cache_dir() / f"stack-{check_stack_name(name)}.json"
+
+
+def running_stacks() -> list[str]:
+    """Names of the stacks whose state file names a live owner."""
+    names = sorted(
+        p.name.removeprefix("stack-").removesuffix(".json") for p in cache_dir().glob("stack-*.json")
+    )
+    return [name for name in names if read_state(name) is not None]
 
 
 @dataclass(frozen=True)
@@ -30,24 +52,29 @@ class StackInfo:
         return {"POSTBOX_DATABASE_URL": self.database_url, "POSTBOX_KAFKA_BOOTSTRAP": self.kafka_bootstrap}
 
 
-def read_state() -> StackInfo | None:
-    """The stack another `postbox dev up` started, if its state file says so and its owner still lives."""
-    path = state_file()
+def read_state(name: str = DEFAULT_STACK) -> StackInfo | None:
+    """The stack named `name`, if its state file says so and the process that wrote it still lives."""
+    path = state_file(name)
     if not path.exists():
         return None
-    data = json.loads(path.read_text())
     try:
+        data = json.loads(path.read_text())
         os.kill(int(data.pop("pid")), 0)
-    except (OSError, KeyError, ValueError):
-        return None
-    return StackInfo(**data)
+        return StackInfo(**data)
+    except (OSError, KeyError, ValueError, TypeError):
+        return None  # gone, or a file this version did not write
 
 
 @contextmanager
 def local_stack(
-    pg: str = "auto", kafka_nodes: int = 1, auto_create_topics: bool = True, publish_state: bool = False
+    pg: str = "auto",
+    kafka_nodes: int = 1,
+    auto_create_topics: bool = True,
+    publish_state: bool = False,
+    name: str = DEFAULT_STACK,
 ) -> Iterator[tuple[LocalPostgres, LocalKafka, StackInfo]]:
-    """Start both servers, yield them, and stop both (removing their data) whatever happens inside."""
+    """Start both servers, yield them, and stop both (removing their data) whatever happens inside.
+    publish_state: write the stack's state file under `name`, unless a live stack already holds it."""
     from relay.devstack.kafka import kafka_version  # noqa: PLC0415
 
     postgres = LocalPostgres(find_bin_dir(pg))
@@ -56,14 +83,14 @@ def local_stack(
         postgres.start()
         kafka.start()
         info = StackInfo(postgres.dsn, kafka.bootstrap, postgres.server_version(), kafka_version())
-        # Another running stack keeps its state file: `postbox dev env` keeps pointing at that one.
-        publish_state = publish_state and read_state() is None
+        # A live stack of the same name keeps its state file: `postbox dev env` keeps pointing at it.
+        publish_state = publish_state and read_state(name) is None
         if publish_state:
-            state_file().parent.mkdir(parents=True, exist_ok=True)
-            state_file().write_text(json.dumps({**info.__dict__, "pid": os.getpid()}))
+            state_file(name).parent.mkdir(parents=True, exist_ok=True)
+            state_file(name).write_text(json.dumps({**info.__dict__, "pid": os.getpid()}))
         yield postgres, kafka, info
     finally:
         if publish_state:
-            state_file().unlink(missing_ok=True)
+            state_file(name).unlink(missing_ok=True)
         kafka.stop()
         postgres.stop()
