@@ -202,6 +202,21 @@ def _add_status_commands(sub: Any) -> None:
     requeue.add_argument("--all", action="store_true", help="every failed event")
     requeue.set_defaults(handler=_cmd_requeue_webhooks)
 
+    again = sub.add_parser(
+        "requeue",
+        help="parked Kafka messages read again from the broker and run through their handlers",
+    )
+    add_database_options(again, schema_default=None)
+    env_flag(again, "--app", "POSTBOX_INBOX_APP", "your handlers: module:attribute naming an inbox.Inbox")
+    env_flag(again, "--kafka-bootstrap", "POSTBOX_KAFKA_BOOTSTRAP", "Kafka bootstrap servers")
+    again.add_argument(
+        "--kafka-config", action="append", default=[], metavar="KEY=VALUE", help="librdkafka property"
+    )
+    again.add_argument("--id", dest="ids", action="append", help="a parked message's id (repeatable)")
+    again.add_argument("--error-like", help="only messages whose reason matches this LIKE pattern")
+    again.add_argument("--all", action="store_true", help="every parked message of the consumer")
+    again.set_defaults(handler=_cmd_requeue)
+
 
 def load_app(spec: str, kind: type[T] | None = None) -> T | Any:
     """The object `module:attribute` names, checked to be a `kind` when one is given."""
@@ -470,4 +485,37 @@ def _cmd_requeue_webhooks(args: argparse.Namespace, parser: argparse.ArgumentPar
         )
     shown = ", ".join(f"{p}/{e}" for p, e in done[:50])
     print(f"requeued {len(done)} webhook events" + (f": {shown}" if done else ""))
+    return 0
+
+
+def _cmd_requeue(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(args, parser, "app", "database_url", "kafka_bootstrap")
+    if not (args.ids or args.error_like or args.all):
+        parser.error("say which parked messages: --id, --error-like, or --all")
+    from inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
+    from inbox.handlers import Inbox  # noqa: PLC0415
+    from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
+
+    try:
+        app = load_app(args.app, Inbox)
+        if args.schema:
+            app.schema = args.schema
+        settings = ConsumerSettings(
+            database_url=args.database_url,
+            kafka_bootstrap=args.kafka_bootstrap,
+            topics=[],
+            kafka_config=kafka_config_from(args.kafka_config),
+        )
+    except (ValueError, ImportError) as exc:
+        parser.error(str(exc))
+    done = InboxConsumer(app, settings).requeue(ids=args.ids, error_like=args.error_like)
+    print(
+        f"requeued {len(done.applied) + len(done.parked_again) + len(done.gone)} parked messages of "
+        f"{app.consumer}: {len(done.applied)} applied, {len(done.parked_again)} parked again, "
+        f"{len(done.gone)} no longer on the broker"
+    )
+    for message_id, reason in done.parked_again:
+        print(f"  parked again {message_id}: {reason}")
+    for message_id in done.gone:
+        print(f"  gone from the broker (retention or compaction), still parked: {message_id}")
     return 0

@@ -55,8 +55,6 @@ class ConsumerSettings:
         check_database_url(self.database_url)
         if not self.kafka_bootstrap:
             raise ValueError("kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
-        if not self.topics:
-            raise ValueError("topic: at least one topic is required (POSTBOX_INBOX_TOPICS)")
         if not 1 <= self.batch_size <= 10_000:
             raise ValueError(f"batch-size: {self.batch_size} is outside 1..10000")
         if not 1 << 20 <= self.max_batch_bytes <= 1 << 30:
@@ -115,6 +113,8 @@ class InboxConsumer:
         return Consumer(config)
 
     def run(self) -> int:
+        if not self.settings.topics:  # checked here: a requeue needs no topics
+            raise ValueError("topics: at least one topic is required (POSTBOX_INBOX_TOPICS)")
         consumer = self._kafka_consumer()
         if self.inbox.dead_letter_topic:
             self._dead_letters = Producer(
@@ -421,6 +421,65 @@ class InboxConsumer:
                 KafkaError(KafkaError._MSG_TIMED_OUT, f"dead-letter produce failed: {errors}")
             )
 
+    def requeue(self, *, ids: list[str] | None = None, error_like: str | None = None) -> Requeued:
+        """Parked messages of the consumer's inbox read again from Kafka by their coordinates and run through
+        their handlers (with the usual retries), each in a transaction of its own that also marks it done.
+
+        A message parked because its id was unusable stays parked: without an id it cannot be applied once.
+        The running consumers never touch these messages again (their offsets are past them), and the rows
+        are locked while this runs, so nothing is applied twice."""
+        applied: list[str] = []
+        again: list[tuple[str, str]] = []
+        gone: list[str] = []
+        conn = self._db()
+        fetcher = Consumer(
+            {
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "group.id": f"postbox-requeue-{self.inbox.consumer}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",
+                "isolation.level": "read_committed",
+                **self.settings.kafka_config,
+            }
+        )
+        try:
+            with conn.transaction():
+                parked = conn.execute(
+                    query(QUERIES, "parked_to_requeue"),
+                    {"consumer": self.inbox.consumer, "ids": ids, "error_like": error_like},
+                ).fetchall()
+            for message_id, topic, partition, offset in parked:
+                record = _fetch(fetcher, str(topic), int(partition), int(offset))
+                if record is None:
+                    gone.append(str(message_id))
+                    continue
+                with conn.transaction():
+                    locked = conn.execute(
+                        query(QUERIES, "parked_to_requeue"),
+                        {"consumer": self.inbox.consumer, "ids": [message_id], "error_like": None},
+                    ).fetchone()
+                    if locked is None:
+                        continue  # requeued meanwhile by someone else
+                    work = self._decode(record)
+                    if work.missing_id is not None or work.message.message_id != message_id:
+                        again.append(
+                            (str(message_id), f"its id is unusable ({work.missing_id}); left parked")
+                        )
+                        continue
+                    reason = self._handle(conn, work)
+                    if reason is None:
+                        conn.execute(
+                            query(QUERIES, "mark_requeued_done"),
+                            {"consumer": self.inbox.consumer, "message_id": message_id},
+                        )
+                        applied.append(str(message_id))
+                    else:
+                        again.append((str(message_id), reason))
+        finally:
+            fetcher.close()
+            self._close_db()
+        return Requeued(applied, again, gone)
+
     @staticmethod
     def _offsets(records: list[Any]) -> list[TopicPartition]:
         next_offset: dict[tuple[str, int], int] = {}
@@ -444,6 +503,28 @@ class InboxConsumer:
             first[key] = min(first.get(key, record.offset()), record.offset())
         for (topic, partition), offset in first.items():
             consumer.seek(TopicPartition(topic, partition, offset))
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """What a requeue did: messages applied now, parked again (with their new reasons), and gone from
+    the broker (retention or compaction took them; they stay parked)."""
+
+    applied: list[str]
+    parked_again: list[tuple[str, str]]
+    gone: list[str]
+
+
+def _fetch(fetcher: Consumer, topic: str, partition: int, offset: int) -> Any:
+    """The record at exactly these coordinates, or None when the broker no longer has it."""
+    fetcher.assign([TopicPartition(topic, partition, offset)])
+    try:
+        for record in fetcher.consume(1, timeout=10):
+            if record.error() is None and record.offset() == offset:
+                return record
+        return None
+    finally:
+        fetcher.unassign()
 
 
 def consume(inbox: Inbox, database_url: str, kafka_bootstrap: str, topics: list[str], **options: Any) -> int:

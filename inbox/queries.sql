@@ -40,3 +40,19 @@ FROM inbox_message
 WHERE %(consumer)s::text IS NULL OR consumer = %(consumer)s::text
 GROUP BY consumer
 ORDER BY consumer
+
+-- name: parked_to_requeue
+-- The parked messages a requeue takes, locked so two requeues never run one message twice. Every filter
+-- that is given must match (NULL means "any").
+SELECT message_id, topic, kafka_partition, kafka_offset
+FROM inbox_message
+WHERE consumer = %(consumer)s AND status = 'failed'
+  AND (%(ids)s::text[] IS NULL OR message_id = ANY (%(ids)s::text[]))
+  AND (%(error_like)s::text IS NULL OR error LIKE %(error_like)s::text)
+ORDER BY topic, kafka_partition, kafka_offset
+FOR UPDATE SKIP LOCKED
+
+-- name: mark_requeued_done
+UPDATE inbox_message
+SET status = 'done', error = NULL, attempts = attempts + 1, processed_at = now()
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s AND status = 'failed'

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 
 import psycopg
 
@@ -93,3 +94,52 @@ def test_failed_webhook_events_are_requeued_with_fresh_attempts_and_processed_ag
         )
         assert worker.terminate() == 0
     assert db.execute("SELECT event_id FROM applied").fetchall() == [("evt_1",)]
+
+
+def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
+    from tests.support import InboxProcess, create_topic  # noqa: PLC0415
+
+    for statement in filter(str.strip, BANK_SQL.split(";")):
+        db.execute(statement)
+    topic = f"requeue-{uuid.uuid4().hex[:8]}"
+    create_topic(servers.kafka_bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": servers.kafka_bootstrap})
+    body = b'{"account": "acc", "amount": 1}'
+    for headers in (
+        [("id", b"d1"), ("eventType", b"Deposit")],
+        [("id", b"n1"), ("eventType", b"Nope")],  # no handler in this release: parked
+        [("id", b"bad\x00id"), ("eventType", b"Nope")],  # unusable id: parked under its coordinates
+        [("id", b"d2"), ("eventType", b"Deposit")],
+    ):
+        producer.produce(topic, body, b"acc", headers=headers)
+    assert producer.flush(30) == 0
+    with InboxProcess(
+        servers.database_url, servers.kafka_bootstrap, schema, "tests.apps.bank:inbox", [topic]
+    ) as inbox:
+        wait_until(
+            lambda: db.execute("SELECT count(*) FROM inbox_message").fetchone() == (4,),
+            60,
+            what="all recorded",
+        )
+        assert inbox.terminate() == 0
+    parked = dict(
+        db.execute("SELECT message_id, error FROM inbox_message WHERE status = 'failed'").fetchall()
+    )
+    assert set(parked) == {"n1", f"{topic}/0/2"}
+
+    base = ["requeue", "--app", "tests.apps.bank_later:inbox", "--kafka-bootstrap", servers.kafka_bootstrap]
+    refused = inbox_cli(servers, schema, *base, check=False)
+    assert refused.returncode == 2
+    out = inbox_cli(servers, schema, *base, "--all").stdout
+    assert "requeued 2 parked messages of bank: 1 applied, 1 parked again, 0 no longer on the broker" in out
+    assert f"parked again {topic}/0/2: its id is unusable" in out
+    assert db.execute("SELECT status FROM inbox_message WHERE message_id = 'n1'").fetchone() == ("done",)
+    assert db.execute("SELECT message_id FROM effects WHERE account = 'nope'").fetchall() == [("n1",)]
+    again = inbox_cli(servers, schema, *base, "--all").stdout
+    assert "0 applied, 1 parked again" in again, "an applied message is not run twice"
+    assert db.execute("SELECT count(*) FROM effects WHERE account = 'nope'").fetchone() == (1,)
