@@ -387,7 +387,7 @@ def _cmd_work(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         WorkerMetrics(registry),
     )
     worker.install_signal_handlers()
-    with serving(args.metrics_address, registry, worker.healthy, worker.healthy):
+    with serving(args.metrics_address, registry, worker.healthy, worker.ready):
         return worker.run()
 
 

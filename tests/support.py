@@ -224,6 +224,7 @@ class WorkerProcess(ChildProcess):
     """`postbox inbox work` with the test webhook app, reaping quickly."""
 
     def __init__(self, database_url: str, schema: str, env: dict[str, str] | None = None) -> None:
+        self.metrics_port = free_port()
         super().__init__(
             f"worker-{uuid.uuid4().hex[:6]}",
             [
@@ -239,6 +240,8 @@ class WorkerProcess(ChildProcess):
                 "0.1",
                 "--reap-interval",
                 "0.5",
+                "--metrics-address",
+                f"127.0.0.1:{self.metrics_port}",
             ],
             env,
         )

@@ -123,6 +123,7 @@ class WebhookWorker:
         self.reap_interval = reap_interval
         self._stopping = False
         self._next_reap = 0.0
+        self._last_claim: float | None = None  # when the last claim statement succeeded
 
     def stop(self) -> None:
         self._stopping = True
@@ -130,6 +131,16 @@ class WebhookWorker:
     def healthy(self) -> tuple[bool, str]:
         stalled = time.monotonic() - self.last_loop
         return stalled < 120, f"worker loop last turned {stalled:.1f}s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        """Connected and claiming: a claim has succeeded since the last time the database was lost, and the
+        loop turns (a worker that cannot reach the database takes no share of the work)."""
+        if self._last_claim is None:
+            return False, "not connected to PostgreSQL (no claim since the last connection loss)"
+        healthy, reason = self.healthy()
+        if not healthy:
+            return False, reason
+        return True, f"ok: last claim {time.monotonic() - self._last_claim:.1f}s ago"
 
     def install_signal_handlers(self) -> None:
         stop_on_signals(self.stop)
@@ -153,6 +164,7 @@ class WebhookWorker:
                     if not database_unavailable(exc, conn):
                         raise
                     failures += 1
+                    self._last_claim = None
                     log.warning("webhook_worker_database_unavailable", error=describe_error(exc))
                     if conn is not None:
                         conn.close()
@@ -193,6 +205,7 @@ class WebhookWorker:
                 WebhookEvent(*row)
                 for row in conn.execute(query(QUERIES, "claim_events"), {"limit": self.batch_size}).fetchall()
             ]
+        self._last_claim = time.monotonic()
         for event in claimed:
             if self._stopping:
                 break  # the rest stay 'processing' and come back through the reaper; none is lost

@@ -204,6 +204,21 @@ def test_the_database_down_answers_503_and_the_retry_lands(own_postgres: Any) ->
         assert conn.execute("SELECT count(*) FROM postbox.webhook_inbox").fetchone() == (2,)
 
 
+def test_the_worker_is_unready_while_its_database_is_gone_and_ready_once_back(own_postgres: Any) -> None:
+    from tests.support import http_get  # noqa: PLC0415
+
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+    with WorkerProcess(own_postgres.dsn, "postbox") as worker:
+        wait_until(lambda: http_get(worker.metrics_port, "/readyz")[0] == 200, 30, what="ready")
+        own_postgres.crash()
+        wait_until(lambda: http_get(worker.metrics_port, "/readyz")[0] == 503, 30, what="unready")
+        assert http_get(worker.metrics_port, "/healthz")[0] == 200, "alive: only not ready"
+        own_postgres.start_again()
+        wait_until(lambda: http_get(worker.metrics_port, "/readyz")[0] == 200, 60, what="ready again")
+        assert worker.terminate() == 0
+
+
 def applied(db: Conn) -> list[tuple[object, ...]]:
     return db.execute("SELECT event_id, count(*) FROM applied GROUP BY event_id ORDER BY event_id").fetchall()
 
