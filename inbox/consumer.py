@@ -274,9 +274,10 @@ class InboxConsumer:
     def _claim(self, conn: psycopg.Connection[tuple[Any, ...]], work: list[_Work]) -> set[str]:
         """Claim the batch in one statement; the message ids this transaction now owns.
 
-        Ids are checked before they get here (inbox.message.usable_id), but should the database still
-        refuse one record's data, that must not hold back the batch nor loop forever: the batch is
-        claimed again one record at a time and each refused record is parked under its coordinates."""
+        Ids are checked before they get here (inbox.message.usable_id), but should the database (or
+        psycopg, which refuses NUL before sending) still refuse one record's data, that must not hold back
+        the batch nor loop forever: the batch is claimed again one record at a time and each refused
+        record is parked under its coordinates."""
         try:
             with conn.transaction():  # a savepoint, so a refused claim leaves the transaction usable
                 return self._claim_statement(conn, work)

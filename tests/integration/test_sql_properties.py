@@ -133,3 +133,31 @@ def test_any_id_bytes_are_claimed_as_given_or_under_their_coordinates(db: Conn, 
         },
     ).fetchall()
     assert {str(r[0]) for r in claimed} == set(ids), "every distinct id stored as it was extracted"
+
+
+def test_a_record_the_database_refuses_is_parked_alone_and_its_batch_claimed(
+    servers: Any, schema: str
+) -> None:
+    """The claim's fallback: ids are checked before the statement, but should the database (or psycopg)
+    still refuse one record (here an id with NUL, bypassing the check), the batch is claimed one record at
+    a time and only the refused record is parked, under its coordinates."""
+    from inbox.consumer import ConsumerSettings, InboxConsumer, _Work  # noqa: PLC0415
+    from inbox.handlers import Inbox  # noqa: PLC0415
+    from inbox.message import Message  # noqa: PLC0415
+
+    inbox = Inbox("fallback", schema=schema)
+    consumer = InboxConsumer(inbox, ConsumerSettings(servers.database_url, "127.0.0.1:1", ["t"]))
+    work = [
+        _Work(Message("t", 0, offset, None, b"{}", {}, message_id, None))
+        for offset, message_id in enumerate(["ok-1", "bad\x00id", "ok-2"])
+    ]
+    conn = consumer._db()
+    try:
+        with conn.transaction():
+            claimed = consumer._claim(conn, work)
+        assert claimed == {"ok-1", "t/0/1", "ok-2"}
+        assert work[1].missing_id is not None
+        assert "refused by the database" in work[1].missing_id
+        assert work[1].message.message_id == "t/0/1"
+    finally:
+        consumer._close_db()
