@@ -353,7 +353,9 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         lifespan="on",
         access_log=False,
         log_level="warning",
-        http=protocol_with_header_deadline(args.read_timeout, SlowClientMetrics(registry)),
+        http=protocol_with_header_deadline(
+            args.read_timeout, SlowClientMetrics(registry), max_waiting=max(8, max_connections // 2)
+        ),
         limit_concurrency=max_connections,
     )
     # /metrics on its own port; the receiver answers /healthz and /readyz on the webhook port itself.

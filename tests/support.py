@@ -82,11 +82,18 @@ class ChildProcess:
     its JSON logs in a file under /tmp."""
 
     def __init__(
-        self, name: str, args: list[str], env: dict[str, str] | None = None, log_level: str = "debug"
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        log_level: str = "debug",
+        open_files: int | None = None,
     ) -> None:
         self.log_path = Path(f"/tmp/postbox-test-{name}.log")
         self._log = self.log_path.open("ab")
         command = [sys.executable, "-m", "relay.cli", "--log-format", "json", "--log-level", log_level, *args]
+        if open_files is not None:  # soft and hard limit both, so the process cannot raise it back
+            command = ["prlimit", f"--nofile={open_files}:{open_files}", "--", *command]
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
         )
@@ -292,7 +299,14 @@ MARQETA_SECRET = "marqeta-signing-secret"
 class ReceiverProcess(ChildProcess):
     """`postbox inbox serve` (uvicorn), with the test providers configured, once it answers."""
 
-    def __init__(self, database_url: str, schema: str, *extra: str, log_level: str = "debug") -> None:
+    def __init__(
+        self,
+        database_url: str,
+        schema: str,
+        *extra: str,
+        log_level: str = "debug",
+        open_files: int | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
@@ -319,6 +333,7 @@ class ReceiverProcess(ChildProcess):
             ],
             env,
             log_level,
+            open_files,
         )
         wait_until(lambda: self.process.poll() is not None or self._answers(), 30, what="the receiver")
         assert self.process.poll() is None, self.log()

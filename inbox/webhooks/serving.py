@@ -5,6 +5,8 @@ its headers a byte at a time is never cut off, and each such client holds a sock
 - every request's headers must arrive within `read_timeout` of the connection (or of the previous
   response on a kept-alive one), else the connection is answered 408 and closed, and counted;
 - the body has the same deadline, enforced by the app (WebhookReceiver, answered 408 and counted);
+- at most half the connection cap waiting for headers at once: past that the longest-waiting one is cut
+  off, so idle sockets never fill the cap;
 - at most `max_connections` connections and requests at once (uvicorn's limit_concurrency: past it, 503),
   kept below the process's file-descriptor limit, which is raised to its hard limit first, so the
   process never runs out of descriptors and `/readyz` and legitimate requests keep working.
@@ -37,8 +39,14 @@ class SlowClientMetrics:
         )
 
 
-def protocol_with_header_deadline(read_timeout: float, metrics: SlowClientMetrics) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline for each request's headers."""
+def protocol_with_header_deadline(
+    read_timeout: float, metrics: SlowClientMetrics, max_waiting: int = 512
+) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request's headers, and at most `max_waiting`
+    connections waiting for their headers at once: past that the one that has waited longest is cut off
+    to make room. A legitimate client sends its request as soon as it connects, so a pile of idle or
+    trickling sockets can neither fill the connection cap nor the file descriptors."""
+    waiting: dict[H11Protocol, None] = {}  # oldest first (dicts keep insertion order)
 
     class DeadlineH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -52,8 +60,14 @@ def protocol_with_header_deadline(read_timeout: float, metrics: SlowClientMetric
             self._disarm()
             self._awaiting = self.cycle  # the headers arrived once a new cycle exists
             self._deadline = self.loop.call_later(read_timeout, self._too_slow)
+            waiting[self] = None
+            while len(waiting) > max_waiting:
+                oldest = next(iter(waiting))
+                assert isinstance(oldest, DeadlineH11Protocol)
+                oldest._too_slow()
 
         def _disarm(self) -> None:
+            waiting.pop(self, None)
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
@@ -73,7 +87,7 @@ def protocol_with_header_deadline(read_timeout: float, metrics: SlowClientMetric
             super().connection_lost(exc)
 
         def _too_slow(self) -> None:
-            self._deadline = None
+            self._disarm()
             if self.transport.is_closing():
                 return
             metrics.cut_off.inc()

@@ -506,3 +506,35 @@ def test_a_replayed_shopify_body_under_a_new_delivery_id_or_topic_is_a_duplicate
     assert deliver("wh-forged-2", "refunds/create") == (200, {"accepted": 0, "duplicates": 1}), "relabelled"
     stored = db.execute("SELECT event_id, event_type FROM webhook_inbox").fetchall()
     assert stored == [("wh-1", "orders/create")]
+
+
+def test_a_flood_of_idle_sockets_past_the_descriptor_limit_leaves_legitimate_requests_answered(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    """The receiver with only 300 file descriptors and 1,000 idle sockets thrown at it: the ones waiting
+    longest are cut off to make room, so it never runs out of descriptors and requests keep getting 200."""
+    import contextlib  # noqa: PLC0415
+    import resource  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits[1], limits[1]))  # this test holds 1,000 sockets
+    with ReceiverProcess(servers.database_url, schema, log_level="info", open_files=300) as receiver:
+        idle: list[socket.socket] = []
+        statuses: list[int] = []
+        for round_ in range(10):
+            for _ in range(100):
+                # A full accept queue may refuse some: that is the kernel's doing, not a stuck receiver.
+                with contextlib.suppress(OSError):
+                    idle.append(socket.create_connection(("127.0.0.1", receiver.port), timeout=5))
+            body = json.dumps({"id": f"evt_flood_{round_}", "type": "t"}).encode()
+            statuses.append(receiver.post("stripe", body, signed(body))[0])
+            statuses.append(http_get(receiver.port, "/readyz")[0])
+        assert receiver.process.poll() is None
+        log_bytes = receiver.log_path.stat().st_size
+        for sock in idle:
+            sock.close()
+    resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    assert statuses == [200] * 20, statuses
+    assert db.execute("SELECT count(*) FROM webhook_inbox").fetchone() == (10,)
+    assert log_bytes < 200_000, f"the log grew {log_bytes} bytes"
