@@ -235,20 +235,27 @@ def load_app(spec: str, kind: type[T] | None = None) -> T | Any:
     return found
 
 
+def _load_inbox(args: argparse.Namespace) -> Any:
+    """The app's Inbox, in the schema --schema names when given (else the one the Inbox names)."""
+    from inbox.handlers import Inbox  # noqa: PLC0415
+
+    app = load_app(args.app, Inbox)
+    if args.schema:
+        app.schema = args.schema
+    return app
+
+
 def _cmd_consume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     require(args, parser, "app", "database_url", "kafka_bootstrap", "topics")
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
-    from inbox.handlers import Inbox  # noqa: PLC0415
     from inbox.metrics import InboxMetrics  # noqa: PLC0415
     from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
-        app = load_app(args.app, Inbox)
-        if args.schema:
-            app.schema = args.schema
+        app = _load_inbox(args)
         settings = ConsumerSettings(
             database_url=args.database_url,
             kafka_bootstrap=args.kafka_bootstrap,
@@ -495,13 +502,10 @@ def _cmd_requeue(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if not (args.ids or args.error_like or args.all):
         parser.error("say which parked messages: --id, --error-like, or --all")
     from inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
-    from inbox.handlers import Inbox  # noqa: PLC0415
     from relay.core.kafka_config import kafka_config_from  # noqa: PLC0415
 
     try:
-        app = load_app(args.app, Inbox)
-        if args.schema:
-            app.schema = args.schema
+        app = _load_inbox(args)
         settings = ConsumerSettings(
             database_url=args.database_url,
             kafka_bootstrap=args.kafka_bootstrap,
