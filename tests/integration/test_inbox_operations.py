@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
+from typing import Any
 
 import psycopg
 
@@ -143,3 +145,114 @@ def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
     again = inbox_cli(servers, schema, *base, "--all").stdout
     assert "0 applied, 1 parked again" in again, "an applied message is not run twice"
     assert db.execute("SELECT count(*) FROM effects WHERE account = 'nope'").fetchone() == (1,)
+
+
+def _terminate(db: Conn, application_name: str) -> int:
+    """End every session of that application_name (what an operator or a failover does); how many."""
+    ended = db.execute(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = %s AND pid <> pg_backend_pid()",
+        (application_name,),
+    ).fetchone()
+    assert ended is not None
+    return int(str(ended[0]))
+
+
+def test_the_inbox_consumer_reconnects_after_its_session_is_terminated(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
+    from tests.support import InboxProcess, create_topic, produce  # noqa: PLC0415
+
+    for statement in filter(str.strip, BANK_SQL.split(";")):
+        db.execute(statement)
+    topic = f"term-{uuid.uuid4().hex[:8]}"
+    create_topic(servers.kafka_bootstrap, topic, 1)
+
+    def balance() -> object:
+        return db.execute("SELECT balance FROM accounts WHERE id = 'acc'").fetchone()
+
+    with InboxProcess(
+        servers.database_url, servers.kafka_bootstrap, schema, "tests.apps.bank:inbox", [topic]
+    ) as inbox:
+        produce(servers.kafka_bootstrap, topic, [("t1", "Deposit", {"account": "acc", "amount": 1})])
+        wait_until(lambda: balance() == (1,), 60, what="the first deposit")
+        assert _terminate(db, "postbox-inbox bank") >= 1
+        produce(servers.kafka_bootstrap, topic, [("t2", "Deposit", {"account": "acc", "amount": 1})])
+        wait_until(lambda: balance() == (2,), 60, what="the deposit after the session was ended")
+        assert inbox.process.poll() is None
+        assert "inbox_database_unavailable" in inbox.log()
+        assert inbox.terminate() == 0
+
+
+def test_the_webhook_worker_reconnects_after_its_session_is_terminated(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    db.execute(HOOKS_SQL)
+
+    def insert(event_id: str) -> None:
+        db.execute(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload) "
+            "VALUES ('stripe', %s, 'invoice.paid', '{}')",
+            (event_id,),
+        )
+
+    def applied() -> list[tuple[object, ...]]:
+        return db.execute("SELECT event_id FROM applied ORDER BY event_id").fetchall()
+
+    with WorkerProcess(servers.database_url, schema) as worker:
+        insert("evt_a")
+        wait_until(lambda: applied() == [("evt_a",)], 30, what="the first event")
+        assert _terminate(db, "postbox-webhooks") >= 1
+        insert("evt_b")
+        wait_until(
+            lambda: applied() == [("evt_a",), ("evt_b",)], 60, what="the event after the session ended"
+        )
+        assert worker.process.poll() is None
+        assert "webhook_worker_database_unavailable" in worker.log()
+        assert worker.terminate() == 0
+
+
+def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart(
+    servers: Servers, own_postgres: Any
+) -> None:
+    from relay.core.migrate import migrate  # noqa: PLC0415
+    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
+    from tests.support import InboxProcess, create_topic, produce  # noqa: PLC0415
+
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+        for statement in filter(str.strip, f"{BANK_SQL};{HOOKS_SQL}".split(";")):
+            conn.execute(statement)
+    topic = f"restart-{uuid.uuid4().hex[:8]}"
+    create_topic(servers.kafka_bootstrap, topic, 1)
+
+    def one(sql: str) -> object:
+        with psycopg.connect(own_postgres.dsn) as conn:
+            return conn.execute(sql).fetchone()
+
+    with (
+        InboxProcess(
+            own_postgres.dsn, servers.kafka_bootstrap, "postbox", "tests.apps.bank:inbox", [topic]
+        ) as inbox,
+        WorkerProcess(own_postgres.dsn, "postbox") as worker,
+    ):
+        produce(servers.kafka_bootstrap, topic, [("r1", "Deposit", {"account": "acc", "amount": 1})])
+        wait_until(lambda: one("SELECT balance FROM accounts") == (1,), 60, what="a deposit before")
+        own_postgres.crash()
+        produce(servers.kafka_bootstrap, topic, [("r2", "Deposit", {"account": "acc", "amount": 1})])
+        time.sleep(2)  # both notice the database is gone
+        own_postgres.start_again()
+        with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO postbox.webhook_inbox (provider, event_id, event_type, payload) "
+                "VALUES ('stripe', 'evt_after', 'invoice.paid', '{}')"
+            )
+        wait_until(lambda: one("SELECT balance FROM accounts") == (2,), 60, what="the deposit made meanwhile")
+        wait_until(
+            lambda: one("SELECT count(*) FROM applied") == (1,), 60, what="the webhook after the restart"
+        )
+        assert inbox.process.poll() is None
+        assert worker.process.poll() is None
+        assert inbox.terminate() == 0
+        assert worker.terminate() == 0
