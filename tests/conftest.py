@@ -36,6 +36,16 @@ def db(servers: Servers, schema: str) -> Iterator[psycopg.Connection[tuple[objec
 
 
 @pytest.fixture
+def bank(db: psycopg.Connection[tuple[object, ...]]) -> psycopg.Connection[tuple[object, ...]]:
+    """`db` with the tables of tests.apps.bank (accounts, effects) in the test's schema."""
+    from tests.apps.bank import SCHEMA_SQL  # noqa: PLC0415
+    from tests.support import execute_script  # noqa: PLC0415
+
+    execute_script(db, SCHEMA_SQL)
+    return db
+
+
+@pytest.fixture
 def own_kafka() -> Iterator[object]:
     """A broker of this test's own, for tests that stop, pause or reconfigure it."""
     from relay.devstack.kafka import LocalKafka  # noqa: PLC0415

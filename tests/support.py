@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -392,3 +392,21 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if metric == name and found == wanted:
             return float(value)
     return 0.0
+
+
+def execute_script(conn: Any, script: str) -> None:
+    """Run each `;`-separated statement of `script` (the test apps' SCHEMA_SQL) on `conn`."""
+    for statement in filter(str.strip, script.split(";")):
+        conn.execute(statement)
+
+
+def produce_with_headers(
+    bootstrap: str, topic: str, value: bytes, key: bytes, headers: list[list[tuple[str, bytes]]]
+) -> None:
+    """One record per entry of `headers`, each with exactly those headers (hostile ones too), in order."""
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for record_headers in headers:
+        producer.produce(topic, value, key, headers=record_headers)
+    assert producer.flush(30) == 0

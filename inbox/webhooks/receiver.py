@@ -21,7 +21,7 @@ import psycopg
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
 from inbox.webhooks.store import INSERT_EVENTS, insert_params
@@ -139,10 +139,10 @@ class WebhookReceiver:
             return None, Reply(200, {"status": "ok"})
         if path == "/readyz":
             return None, await self._ready()
-        prefix, _, name = path.rpartition("/")
-        provider = self.providers.get(name) if prefix == "/webhooks" else None
-        if provider is None:
+        name = self._provider_of(scope)
+        if name is None:
             return None, Reply(404, {"error": "no such webhook endpoint"})
+        provider = self.providers[name]
         if scope["method"] != "POST":
             return name, Reply(405, {"error": "use POST"})
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -176,10 +176,7 @@ class WebhookReceiver:
         """Store the request's events in one statement; the answer for it."""
         try:
             stored = await self._store(events)
-        except PoolTimeout as exc:
-            log.error("webhook_database_unavailable", provider=name, error=describe_error(exc))
-            return Reply(503, {"error": "temporarily unavailable, retry later"})
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # PoolTimeout included: it is an OperationalError with no SQLSTATE
             if database_unavailable(exc):
                 log.error("webhook_database_unavailable", provider=name, error=describe_error(exc))
                 return Reply(503, {"error": "temporarily unavailable, retry later"})
@@ -198,7 +195,7 @@ class WebhookReceiver:
         try:
             async with self.pool.connection(timeout=2.0) as conn:
                 await conn.execute("SELECT 1")
-        except (psycopg.Error, PoolTimeout) as exc:
+        except psycopg.Error as exc:  # PoolTimeout included
             return Reply(503, {"status": "database unavailable", "error": describe_error(exc)[:200]})
         return Reply(200, {"status": "ok"})
 

@@ -43,15 +43,16 @@ def check_database_url(dsn: str) -> None:
     try:
         conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        reason = scrub(str(exc).strip(), url_password(dsn))
-        raise ValueError(f"database-url: not a valid PostgreSQL URL: {reason}") from None
+        raise ValueError(f"database-url: not a valid PostgreSQL URL: {_without_password(exc, dsn)}") from None
 
 
-def _keyword_password(dsn: str) -> str | None:
+def _without_password(exc: psycopg.Error, dsn: str) -> str:
+    """The error's text with the URL's password masked (libpq quotes the part it choked on)."""
     try:
-        return conninfo_to_dict(dsn).get("password")  # type: ignore[return-value]
+        keyword: str | None = conninfo_to_dict(dsn).get("password")  # type: ignore[assignment]
     except psycopg.Error:
-        return None
+        keyword = None
+    return scrub(str(exc).strip(), url_password(dsn), keyword)
 
 
 def connect(
@@ -65,8 +66,8 @@ def connect(
         conninfo = make_conninfo(dsn, **liveness_options(dsn))
         conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name)
     except psycopg.Error as exc:
-        message = scrub(str(exc), url_password(dsn), _keyword_password(dsn))
-        if message == str(exc):
+        message = _without_password(exc, dsn)
+        if message == str(exc).strip():
             raise
         raise type(exc)(message) from None
     try:

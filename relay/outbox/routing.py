@@ -33,7 +33,7 @@ class OutboxRow:
     topic: str | None
     shard: int
     created_epoch: float = 0.0  # the writing transaction's start (created_at), for latency metrics
-    size: int = 0  # the message's bytes (payload, key, headers, type), measured by the claim statement
+    size: int = 0  # the message's bytes (payload, key, headers, type): message_bytes, stored at write time
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,6 +189,7 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
         ReceiverProcess,
         WorkerProcess,
         create_topic,
+        execute_script,
         produce,
     )
 
@@ -213,8 +214,9 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
     }
     with psycopg.connect(own_postgres.dsn, autocommit=True) as admin:
         admin.execute("CREATE ROLE orders_service LOGIN IN ROLE postbox_writer")
-        for statement in filter(str.strip, f"{BANK_SQL};{HOOKS_SQL}".split(";")):
-            admin.execute(statement)  # the services' own tables, in public, granted as roles.sql says
+        execute_script(
+            admin, f"{BANK_SQL};{HOOKS_SQL}"
+        )  # the services' own tables, granted as roles.sql says
         admin.execute("GRANT SELECT, INSERT, UPDATE ON accounts, effects TO postbox_inbox")
         admin.execute("GRANT INSERT ON applied TO postbox_webhook_worker")
 

@@ -23,7 +23,6 @@ from confluent_kafka import Producer
 
 from inbox.webhooks.providers import stripe_signature_header
 from relay.outbox import enqueue
-from tests.apps.bank import SCHEMA_SQL as BANK_SCHEMA
 from tests.servers import Servers
 from tests.support import (
     STRIPE_SECRET,
@@ -34,6 +33,7 @@ from tests.support import (
     http_get,
     metric_value,
     outbox_states,
+    produce_with_headers,
     read_topic,
     wait_until,
 )
@@ -296,14 +296,11 @@ def test_a_lease_lost_mid_drain_costs_at_most_the_batches_in_flight(
 
 
 def test_records_with_unusable_ids_or_no_handler_are_parked_and_the_rest_applied(
-    servers: Servers, schema: str, db: Conn
+    servers: Servers, schema: str, bank: Conn
 ) -> None:
-    for statement in BANK_SCHEMA.strip().split(";"):
-        if statement.strip():
-            db.execute(statement)
+    db = bank
     topic = f"bank-{uuid.uuid4().hex[:8]}"
     create_topic(servers.kafka_bootstrap, topic, 1)
-    producer = Producer({"bootstrap.servers": servers.kafka_bootstrap, "enable.idempotence": True})
     deposit = json.dumps({"account": "acc", "amount": 1}).encode()
     sent: list[tuple[str, list[tuple[str, bytes]]]] = []
     hostile = {
@@ -320,9 +317,7 @@ def test_records_with_unusable_ids_or_no_handler_are_parked_and_the_rest_applied
         if i < len(hostile):
             label = list(hostile)[i]
             sent.append((label, hostile[label]))
-    for _, headers in sent:
-        producer.produce(topic, deposit, b"acc", headers=headers)
-    assert producer.flush(30) == 0
+    produce_with_headers(servers.kafka_bootstrap, topic, deposit, b"acc", [headers for _, headers in sent])
 
     with InboxProcess(
         servers.database_url, servers.kafka_bootstrap, schema, "tests.apps.bank:inbox", [topic]

@@ -7,22 +7,12 @@ import uuid
 from pathlib import Path
 
 import psycopg
-import pytest
 
-from tests.apps.bank import SCHEMA_SQL
 from tests.servers import Servers
 from tests.support import InboxProcess, create_topic, produce, read_topic, wait_until
 
 APP = "tests.apps.bank:inbox"
 Conn = psycopg.Connection[tuple[object, ...]]
-
-
-@pytest.fixture
-def bank(db: Conn) -> Conn:
-    for statement in SCHEMA_SQL.strip().split(";"):
-        if statement.strip():
-            db.execute(statement)
-    return db
 
 
 def deposits(n: int, accounts: int = 5, amount: int = 10) -> list[tuple[str, str, dict[str, object]]]:

@@ -99,27 +99,20 @@ def test_failed_webhook_events_are_requeued_with_fresh_attempts_and_processed_ag
 
 
 def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
-    servers: Servers, schema: str, db: Conn
+    servers: Servers, schema: str, bank: Conn
 ) -> None:
-    from confluent_kafka import Producer  # noqa: PLC0415
+    from tests.support import InboxProcess, create_topic, produce_with_headers  # noqa: PLC0415
 
-    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
-    from tests.support import InboxProcess, create_topic  # noqa: PLC0415
-
-    for statement in filter(str.strip, BANK_SQL.split(";")):
-        db.execute(statement)
+    db = bank
     topic = f"requeue-{uuid.uuid4().hex[:8]}"
     create_topic(servers.kafka_bootstrap, topic, 1)
-    producer = Producer({"bootstrap.servers": servers.kafka_bootstrap})
-    body = b'{"account": "acc", "amount": 1}'
-    for headers in (
+    records = [
         [("id", b"d1"), ("eventType", b"Deposit")],
         [("id", b"n1"), ("eventType", b"Nope")],  # no handler in this release: parked
         [("id", b"bad\x00id"), ("eventType", b"Nope")],  # unusable id: parked under its coordinates
         [("id", b"d2"), ("eventType", b"Deposit")],
-    ):
-        producer.produce(topic, body, b"acc", headers=headers)
-    assert producer.flush(30) == 0
+    ]
+    produce_with_headers(servers.kafka_bootstrap, topic, b'{"account": "acc", "amount": 1}', b"acc", records)
     with InboxProcess(
         servers.database_url, servers.kafka_bootstrap, schema, "tests.apps.bank:inbox", [topic]
     ) as inbox:
@@ -159,13 +152,11 @@ def _terminate(db: Conn, application_name: str) -> int:
 
 
 def test_the_inbox_consumer_reconnects_after_its_session_is_terminated(
-    servers: Servers, schema: str, db: Conn
+    servers: Servers, schema: str, bank: Conn
 ) -> None:
-    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
     from tests.support import InboxProcess, create_topic, produce  # noqa: PLC0415
 
-    for statement in filter(str.strip, BANK_SQL.split(";")):
-        db.execute(statement)
+    db = bank
     topic = f"term-{uuid.uuid4().hex[:8]}"
     create_topic(servers.kafka_bootstrap, topic, 1)
 
@@ -218,12 +209,11 @@ def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart
 ) -> None:
     from relay.core.migrate import migrate  # noqa: PLC0415
     from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
-    from tests.support import InboxProcess, create_topic, produce  # noqa: PLC0415
+    from tests.support import InboxProcess, create_topic, execute_script, produce  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")
-        for statement in filter(str.strip, f"{BANK_SQL};{HOOKS_SQL}".split(";")):
-            conn.execute(statement)
+        execute_script(conn, f"{BANK_SQL};{HOOKS_SQL}")
     topic = f"restart-{uuid.uuid4().hex[:8]}"
     create_topic(servers.kafka_bootstrap, topic, 1)
 
