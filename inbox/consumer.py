@@ -14,20 +14,28 @@ changes nothing.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import structlog
+import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from inbox.handlers import Inbox, PermanentError, Unhandled
 from inbox.message import Message, MessageIdMissing, event_type_of
 from inbox.metrics import InboxMetrics
-from relay.core.backoff import backoff_delay
+from relay.core.daemon import Daemon
 from relay.core.db import check_database_url, connect, database_unavailable, describe_error, storable_text
-from relay.core.lifecycle import stop_on_signals
+from relay.core.settings import (
+    Settings,
+    SettingsError,
+    setting,
+    shared_database_url,
+    shared_kafka_bootstrap,
+    shared_kafka_config,
+)
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -35,33 +43,43 @@ log = structlog.get_logger("postbox.inbox")
 LAG_INTERVAL = 15.0
 
 
-@dataclass(frozen=True)
-class ConsumerSettings:
-    database_url: str
-    kafka_bootstrap: str
-    topics: list[str]
-    group_id: str | None = None  # defaults to the inbox's consumer name
-    batch_size: int = 500
+def _topics(value: str) -> list[str]:
+    return [topic.strip() for topic in value.split(",") if topic.strip()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSettings(Settings):
+    """An inbox consumer's settings (`postbox inbox consume`, or `inbox.consume(...)` from code)."""
+
+    PREFIX: ClassVar[str] = "POSTBOX_INBOX_"
+    SERVICE: ClassVar[str] = "inbox"
+
+    database_url: str = shared_database_url()
+    kafka_bootstrap: str = shared_kafka_bootstrap()
+    kafka_config: dict[str, str] = shared_kafka_config()
+    topics: list[str] = setting(None, "comma-separated topics to consume", parse=_topics, factory=list)
+    group_id: str | None = setting(None, "Kafka consumer group", parse=str, shown_default="the inbox's name")
+    batch_size: int = setting(
+        500, "messages per poll and transaction", bounds=(1, 10_000), retired=("POSTBOX_BATCH_SIZE",)
+    )
     # Memory: librdkafka prefetches into a local queue (64 MiB by default) and a poll takes its batch from
     # there; both the queue and each fetch are held to this many bytes, so a batch of large records
     # stays within about twice it, whatever the topic holds.
-    max_batch_bytes: int = 16 << 20
+    max_batch_bytes: int = setting(
+        16 << 20,
+        "bytes of messages fetched ahead and held at once (librdkafka's fetch and local queue sizes)",
+        bounds=(1 << 20, 1 << 30),
+    )
     poll_timeout: float = 1.0
-    kafka_config: dict[str, str] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if not self.database_url:
-            raise ValueError("database-url: required (POSTBOX_DATABASE_URL)")
-        check_database_url(self.database_url)
-        if not self.kafka_bootstrap:
-            raise ValueError("kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
-        if not 1 <= self.batch_size <= 10_000:
-            raise ValueError(f"batch-size: {self.batch_size} is outside 1..10000")
-        if not 1 << 20 <= self.max_batch_bytes <= 1 << 30:
-            raise ValueError(f"max-batch-bytes: {self.max_batch_bytes} is outside 1 MiB..1 GiB")
+    def check(self) -> None:
+        try:
+            check_database_url(self.database_url)
+        except ValueError as exc:
+            raise SettingsError(f"{self.label('database_url')}: {exc}") from None
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
             if self.kafka_config.get(key, "false").lower() != "false":
-                raise ValueError(
+                raise SettingsError(
                     f"kafka-config {key}: offsets are committed by postbox after the database commit"
                 )
 
@@ -78,17 +96,17 @@ class InboxConsumer:
         self.inbox = inbox
         self.settings = settings
         self.metrics = metrics or InboxMetrics()
-        self._stopping = False
+        self.daemon = Daemon("inbox")
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._dead_letters: Producer | None = None
-        self.last_loop = time.monotonic()
+        self._in_flight: list[Any] = []  # the batch being applied, read again after a database loss
+        self._next_lag = 0.0
 
     def stop(self) -> None:
-        self._stopping = True
+        self.daemon.stop()
 
     def healthy(self) -> tuple[bool, str]:
-        stalled = time.monotonic() - self.last_loop
-        return stalled < 120, f"poll loop last turned {stalled:.1f}s ago"
+        return self.daemon.healthy()
 
     def ready(self) -> tuple[bool, str]:
         if self._conn is None or self._conn.closed:
@@ -96,7 +114,7 @@ class InboxConsumer:
         return self.healthy()
 
     def install_signal_handlers(self) -> None:
-        stop_on_signals(self.stop)
+        self.daemon.install_signal_handlers()
 
     def _kafka_consumer(self) -> Consumer:
         config: dict[str, Any] = {
@@ -135,34 +153,18 @@ class InboxConsumer:
 
         consumer.subscribe(self.settings.topics, on_assign=on_assign, on_revoke=on_revoke)
         log.info("inbox_started", consumer=self.inbox.consumer, topics=self.settings.topics)
-        failures = 0
-        next_lag = 0.0
+
+        def on_lost(_exc: BaseException) -> None:
+            self._close_db()
+            self._rewind(consumer, self._in_flight)  # nothing of it was committed: read it again
+            self._in_flight = []
+
         try:
-            while not self._stopping:
-                self.last_loop = time.monotonic()
-                if self.last_loop >= next_lag:
-                    next_lag = self.last_loop + LAG_INTERVAL
-                    self._record_lag(consumer)
-                records = consumer.consume(self.settings.batch_size, self.settings.poll_timeout)
-                batch = [r for r in records if self._usable(r)]
-                if not batch:
-                    continue
-                try:
-                    self._apply(batch)
-                    failures = 0
-                except psycopg.Error as exc:
-                    if not database_unavailable(exc, self._conn):
-                        raise
-                    failures += 1
-                    delay = backoff_delay(failures)
-                    log.warning(
-                        "inbox_database_unavailable", error=describe_error(exc), retry_in=round(delay, 2)
-                    )
-                    self._close_db()
-                    self._rewind(consumer, batch)
-                    time.sleep(delay)
-                    continue
-                self._commit_offsets(consumer, batch)
+            self.daemon.run(
+                lambda: self._turn(consumer),
+                lost=lambda exc: database_unavailable(exc, self._conn),
+                on_lost=on_lost,
+            )
         finally:
             consumer.close()
             if self._dead_letters is not None:
@@ -170,6 +172,18 @@ class InboxConsumer:
             self._close_db()
         log.info("inbox_stopped", consumer=self.inbox.consumer)
         return 0
+
+    def _turn(self, consumer: Consumer) -> None:
+        """One poll: claim and apply the batch in one transaction, then commit its offsets."""
+        if time.monotonic() >= self._next_lag:
+            self._next_lag = time.monotonic() + LAG_INTERVAL
+            self._record_lag(consumer)
+        records = consumer.consume(self.settings.batch_size, self.settings.poll_timeout)
+        self._in_flight = [r for r in records if self._usable(r)]
+        if self._in_flight:
+            self._apply(self._in_flight)
+            self._commit_offsets(consumer, self._in_flight)
+        self._in_flight = []
 
     def _record_lag(self, consumer: Consumer) -> None:
         """Messages between our position and each assigned partition's end (a consumer-lag gauge)."""
@@ -348,32 +362,45 @@ class InboxConsumer:
         message = item.message
         if item.missing_id is not None:
             return self._park(conn, message, f"message id: {item.missing_id}", 1)
-        for attempt in range(1, self.inbox.max_attempts + 1):
-            try:
-                with conn.transaction():  # a savepoint: this handler's writes only
-                    self._run_handler(conn, message)
-            except PermanentError as exc:
-                return self._park(conn, message, f"{type(exc).__name__}: {exc}", attempt)
-            except Exception as exc:
-                if database_unavailable(exc, conn):
-                    raise  # the database went away: the whole batch is read again
-                reason = f"{type(exc).__name__}: {describe_error(exc)}"
-                if attempt == self.inbox.max_attempts:
-                    return self._park(conn, message, reason, attempt)
-                self.metrics.retries.inc()
-                log.warning(
-                    "inbox_handler_retry",
-                    topic=message.topic,
-                    partition=message.partition,
-                    offset=message.offset,
-                    attempt=attempt,
-                    error=reason,
-                )
-                time.sleep(backoff_delay(attempt, base=self.inbox.retry_backoff, cap=10))
-                continue
-            self.metrics.processed.labels(message.topic).inc()
-            return None
-        raise AssertionError("unreachable: the last attempt parks or returns")
+        attempts = 0
+
+        def attempt() -> None:
+            nonlocal attempts
+            attempts += 1
+            with conn.transaction():  # a savepoint: this handler's writes only
+                self._run_handler(conn, message)
+
+        def retrying_after(state: tenacity.RetryCallState) -> None:
+            self.metrics.retries.inc()
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "inbox_handler_retry",
+                topic=message.topic,
+                partition=message.partition,
+                offset=message.offset,
+                attempt=state.attempt_number,
+                error=_reason(exc),
+            )
+
+        retrying = tenacity.Retrying(
+            # A PermanentError parks at once; a lost database is the whole batch's problem (read it again).
+            retry=tenacity.retry_if_exception(
+                lambda exc: not isinstance(exc, PermanentError) and not database_unavailable(exc, conn)
+            ),
+            stop=tenacity.stop_after_attempt(self.inbox.max_attempts),
+            wait=tenacity.wait_random_exponential(multiplier=self.inbox.retry_backoff, max=10),
+            before_sleep=retrying_after,
+            reraise=True,
+        )
+        try:
+            retrying(attempt)
+        except Exception as exc:
+            if database_unavailable(exc, conn):
+                raise
+            reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, PermanentError) else _reason(exc)
+            return self._park(conn, message, reason, attempts)
+        self.metrics.processed.labels(message.topic).inc()
+        return None
 
     def _park(
         self, conn: psycopg.Connection[tuple[Any, ...]], message: Message, reason: str, attempts: int
@@ -514,6 +541,11 @@ class Requeued:
     applied: list[str]
     parked_again: list[tuple[str, str]]
     gone: list[str]
+
+
+def _reason(exc: BaseException | None) -> str:
+    """A handler's failure as recorded with a parked message: class and primary message (no DETAIL)."""
+    return f"{type(exc).__name__}: {describe_error(exc)}" if exc is not None else "unknown"
 
 
 def _fetch(fetcher: Consumer, topic: str, partition: int, offset: int) -> Any:

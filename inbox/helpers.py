@@ -9,16 +9,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import psycopg
+import tenacity
 from psycopg import errors, sql
 
-from relay.core.backoff import backoff_delay
 from relay.core.batched import delete_in_batches
 from relay.core.db import advisory_key
 from relay.core.sql import query
@@ -97,16 +96,20 @@ def run_serializable(
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise ValueError("run_serializable starts its own transaction; the connection has one open")
     level = sql.SQL("SET TRANSACTION ISOLATION LEVEL " + isolation.upper())
-    for attempt in range(1, attempts + 1):
-        try:
-            with conn.transaction():
-                conn.execute(level)
-                return work(conn)
-        except (errors.SerializationFailure, errors.DeadlockDetected):
-            if attempt == attempts:
-                raise
-            time.sleep(backoff_delay(attempt, base=0.02, cap=1.0))
-    raise AssertionError("unreachable")
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((errors.SerializationFailure, errors.DeadlockDetected)),
+        stop=tenacity.stop_after_attempt(attempts),
+        # Full jitter, so transactions that collided once do not collide again in step.
+        wait=tenacity.wait_random_exponential(multiplier=0.02, max=1.0),
+        reraise=True,  # the last serialization failure itself, not a RetryError
+    )
+
+    def once() -> T:
+        with conn.transaction():
+            conn.execute(level)
+            return work(conn)
+
+    return retrying(once)
 
 
 def prune_inbox(

@@ -310,11 +310,11 @@ class ReceiverProcess(ChildProcess):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
-            "POSTBOX_STRIPE_SECRETS": STRIPE_SECRET,
-            "POSTBOX_SHOPIFY_SECRETS": SHOPIFY_SECRET,
-            "POSTBOX_MARQETA_USERNAME": MARQETA_AUTH[0],
-            "POSTBOX_MARQETA_PASSWORD": MARQETA_AUTH[1],
-            "POSTBOX_MARQETA_SECRET": MARQETA_SECRET,
+            "POSTBOX_WEBHOOK_STRIPE_SECRETS": STRIPE_SECRET,
+            "POSTBOX_WEBHOOK_SHOPIFY_SECRETS": SHOPIFY_SECRET,
+            "POSTBOX_WEBHOOK_MARQETA_USERNAME": MARQETA_AUTH[0],
+            "POSTBOX_WEBHOOK_MARQETA_PASSWORD": MARQETA_AUTH[1],
+            "POSTBOX_WEBHOOK_MARQETA_SECRET": MARQETA_SECRET,
         }
         super().__init__(
             f"receiver-{self.port}",

@@ -76,6 +76,7 @@ class WebhookReceiver:
     ) -> None:
         self.providers = dict(providers)
         self.pool = pool
+        self._loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, set at startup
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout  # for the whole body, from the end of the headers
@@ -126,6 +127,7 @@ class WebhookReceiver:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self._loop = asyncio.get_running_loop()
                 await self.pool.open()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -189,6 +191,18 @@ class WebhookReceiver:
         self.metrics.events.labels(name, "duplicate").inc(duplicates)
         log.info("webhook_received", provider=name, events=len(events), stored=stored, duplicates=duplicates)
         return Reply(200, {"accepted": stored, "duplicates": duplicates})
+
+    def ready(self) -> tuple[bool, str]:
+        """The same readiness as GET /readyz, for the metrics port (whose server runs on its own thread):
+        the check runs on the receiver's event loop, bounded by a short timeout."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False, "not started"
+        try:
+            reply = asyncio.run_coroutine_threadsafe(self._ready(), loop).result(timeout=3.0)
+        except (TimeoutError, RuntimeError) as exc:
+            return False, f"readiness check did not finish: {type(exc).__name__}"
+        return reply.status == 200, str(reply.body.get("status", ""))
 
     async def _ready(self) -> Reply:
         """Ready only while the database answers: a receiver that cannot store must not take traffic."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ QUERIES = Path(__file__).with_name("queries.sql")
 INSERT_EVENTS = query(QUERIES, "insert_events")
 # Stripe resends manually for up to 30 days after 3 days of retries; Marqeta retries a little over 12 days.
 DEFAULT_WEBHOOK_RETENTION = timedelta(days=60)
+
+
+class WebhookStatus(StrEnum):
+    """A webhook event's status, as stored in webhook_inbox.status."""
+
+    PENDING = "pending"  # stored, waiting for a worker (or for its retry time)
+    PROCESSING = "processing"  # claimed by a worker; the reaper returns it if that worker dies
+    DONE = "done"
+    FAILED = "failed"  # parked: out of attempts or a PermanentError, until `requeue-webhooks`
 
 
 def insert_params(events: Sequence[IncomingEvent]) -> dict[str, list[Any]]:

@@ -22,9 +22,10 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inbox.handlers import PermanentError
+from inbox.webhooks.store import WebhookStatus
 from relay.core.backoff import backoff_delay
+from relay.core.daemon import Daemon
 from relay.core.db import connect, database_unavailable, describe_error, storable_text
-from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -116,21 +117,20 @@ class WebhookWorker:
     ) -> None:
         self.hooks = hooks
         self.metrics = metrics or WorkerMetrics()
-        self.last_loop = time.monotonic()
+        self.daemon = Daemon("webhook_worker")
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self.database_url = database_url
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.reap_interval = reap_interval
-        self._stopping = False
         self._next_reap = 0.0
         self._last_claim: float | None = None  # when the last claim statement succeeded
 
     def stop(self) -> None:
-        self._stopping = True
+        self.daemon.stop()
 
     def healthy(self) -> tuple[bool, str]:
-        stalled = time.monotonic() - self.last_loop
-        return stalled < 120, f"worker loop last turned {stalled:.1f}s ago"
+        return self.daemon.healthy()
 
     def ready(self) -> tuple[bool, str]:
         """Connected and claiming: a claim has succeeded since the last time the database was lost, and the
@@ -143,41 +143,34 @@ class WebhookWorker:
         return True, f"ok: last claim {time.monotonic() - self._last_claim:.1f}s ago"
 
     def install_signal_handlers(self) -> None:
-        stop_on_signals(self.stop)
+        self.daemon.install_signal_handlers()
 
     def run(self) -> int:
-        failures = 0
-        conn: psycopg.Connection[tuple[Any, ...]] | None = None
         log.info("webhook_worker_started", batch_size=self.batch_size)
         try:
-            while not self._stopping:
-                self.last_loop = time.monotonic()
-                try:
-                    if conn is None:
-                        conn = connect(
-                            self.database_url, self.hooks.schema, application_name="postbox-webhooks"
-                        )
-                    self._maybe_reap(conn)
-                    done = self.run_once(conn)
-                    failures = 0
-                except psycopg.Error as exc:
-                    if not database_unavailable(exc, conn):
-                        raise
-                    failures += 1
-                    self._last_claim = None
-                    log.warning("webhook_worker_database_unavailable", error=describe_error(exc))
-                    if conn is not None:
-                        conn.close()
-                        conn = None
-                    time.sleep(backoff_delay(failures))
-                    continue
-                if done < self.batch_size:
-                    time.sleep(self.poll_interval)
+            self.daemon.run(
+                self._turn, lost=lambda exc: database_unavailable(exc, self._conn), on_lost=self._on_lost
+            )
         finally:
-            if conn is not None:
-                conn.close()
+            self._close()
         log.info("webhook_worker_stopped")
         return 0
+
+    def _turn(self) -> None:
+        if self._conn is None:
+            self._conn = connect(self.database_url, self.hooks.schema, application_name="postbox-webhooks")
+        self._maybe_reap(self._conn)
+        if self.run_once(self._conn) < self.batch_size:
+            self.daemon.sleep(self.poll_interval)
+
+    def _on_lost(self, _exc: BaseException) -> None:
+        self._last_claim = None  # unready until a claim goes through again
+        self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _maybe_reap(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         if time.monotonic() < self._next_reap:
@@ -207,7 +200,7 @@ class WebhookWorker:
             ]
         self._last_claim = time.monotonic()
         for event in claimed:
-            if self._stopping:
+            if self.daemon.stopping:
                 break  # the rest stay 'processing' and come back through the reaper; none is lost
             self._process(conn, event)
         return len(claimed)
@@ -247,7 +240,8 @@ class WebhookWorker:
                     },
                 ).fetchone()
             status = row[0] if row else "fenced"
-            self.metrics.events.labels(event.provider, "failed" if status == "failed" else "retry").inc()
+            outcome = "failed" if status == WebhookStatus.FAILED else "retry"
+            self.metrics.events.labels(event.provider, outcome).inc()
             log.warning(
                 "webhook_event_failed",
                 provider=event.provider,

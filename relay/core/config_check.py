@@ -1,37 +1,31 @@
-"""`postbox config check`: what the daemons would start with, validated, with secrets masked."""
+"""`postbox config check`: what a daemon would start with, validated, with secrets masked."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Mapping
 
-from relay.core.redact import redact
-
-
-def environment_lines(environ: dict[str, str] | None = None) -> list[str]:
-    environ = dict(os.environ) if environ is None else environ
-    return [
-        f"  {name} = {redact(name, value)}"
-        for name, value in sorted(environ.items())
-        if name.startswith("POSTBOX_")
-    ]
+from relay.core.settings import MissingSetting, Settings, SettingsError, describe, load
 
 
-def run_checks(checks: dict[str, Callable[[], dict[str, object] | None]]) -> tuple[list[str], bool]:
-    """Run each component's check; a check returns its effective settings, None when not configured, or
-    raises ValueError naming the bad setting."""
-    lines: list[str] = []
-    ok = True
-    for component, check in checks.items():
-        try:
-            settings = check()
-        except (ValueError, SystemExit) as exc:
-            lines.append(f"{component}: INVALID: {exc}")
-            ok = False
-            continue
-        if settings is None:
-            lines.append(f"{component}: not configured")
-            continue
-        lines.append(f"{component}: ok")
-        lines.extend(f"  {key} = {redact(key, str(value))}" for key, value in sorted(settings.items()))
-    return lines, ok
+def check_service(
+    name: str, cls: type[Settings], environ: Mapping[str, str], *, missing_is_error: bool
+) -> tuple[list[str], bool]:
+    """Lines describing service `name`'s settings from `environ`, and whether they are valid.
+
+    missing_is_error: when the service was asked for by name, a missing required setting makes it invalid;
+    when every service is checked, that service is only "not configured" (a relay's environment need not
+    configure the webhook receiver). A value that is given and wrong is invalid either way."""
+    try:
+        loaded = load(cls, None, environ)
+    except MissingSetting as exc:
+        if missing_is_error:
+            return [f"{name}: INVALID: {exc}"], False
+        return [f"{name}: not configured ({exc})"], True
+    except SettingsError as exc:
+        return [f"{name}: INVALID: {exc}"], False
+    lines = [f"{name}: ok", *describe(loaded)]
+    lines.extend(f"  warning: {warning}" for warning in loaded.warnings)
+    extra = getattr(loaded.settings, "effective_lines", None)
+    if callable(extra):
+        lines.extend(extra())
+    return lines, True

@@ -8,11 +8,35 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import structlog
 
+from relay.core.settings import Settings, setting
+
 LogFormat = Literal["auto", "json", "console"]
+
+
+def _level(value: str) -> str:
+    if logging.getLevelNamesMapping().get(value.upper()) is None:
+        raise ValueError("is not a level (debug, info, warning, error)")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingSettings(Settings):
+    """Every command's logging (flags before the command: `postbox --log-format json relay run`)."""
+
+    PREFIX: ClassVar[str] = "POSTBOX_LOG_"
+
+    format: str = setting(
+        "auto",
+        "log output: auto (console on a terminal), json or console",
+        flag="--log-format",
+        choices=("auto", "json", "console"),
+    )
+    level: str = setting("info", "debug, info, warning or error", flag="--log-level", parse=_level)
 
 
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:

@@ -25,14 +25,14 @@ import psycopg
 import structlog
 
 from relay.core.backoff import backoff_delay
+from relay.core.daemon import Daemon
 from relay.core.db import advisory_key, database_unavailable, describe_error
-from relay.core.lifecycle import stop_on_signals
 from relay.core.sql import query
 from relay.outbox import admin
 from relay.outbox.errors import Disposition
 from relay.outbox.leases import LeaseKeeper
 from relay.outbox.metrics import RelayMetrics
-from relay.outbox.outcome import BatchOutcome, Delivery, decide
+from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from relay.outbox.publisher import Publisher, Sending
 from relay.outbox.routing import Message, OutboxRow, RoutingError, to_message, topic_for
 from relay.outbox.settings import RelaySettings
@@ -108,11 +108,11 @@ class Relay:
         self.publisher = publisher
         self.metrics = metrics
         self._connect = connect  # connect(autocommit) -> a connection with search_path set
-        self._stopping = False
+        # A batch legitimately waits up to the delivery timeout for its acks, twice over with two lanes.
+        self.daemon = Daemon("relay", stall_limit=max(60.0, 2 * settings.delivery_timeout + 30))
         self._topics = TopicGate()
         self._lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
         self._next_prune = 0.0
-        self.last_loop = time.monotonic()
         self.connected = False
         self._batch_conns: list[Connection] = []  # one per lane
         self._lease_conn: Connection | None = None
@@ -126,16 +126,13 @@ class Relay:
 
     def stop(self, *_: object) -> None:
         """Ask the loop to finish the batch in flight and exit (SIGTERM, SIGINT)."""
-        if not self._stopping:
-            log.info("relay_stopping")
-        self._stopping = True
+        self.daemon.stop()
 
     def install_signal_handlers(self) -> None:
-        stop_on_signals(self.stop)
+        self.daemon.install_signal_handlers()
 
     def run(self) -> int:
         """Run until stopped; 0 after a clean stop. Raises FatalRelayError when the producer is broken."""
-        failures = 0
         log.info(
             "relay_started",
             relay_id=self.settings.relay_id,
@@ -143,38 +140,30 @@ class Relay:
             batch_size=self.settings.batch_size,
         )
         try:
-            while not self._stopping:
-                self.last_loop = time.monotonic()
-                try:
-                    self._ensure_connected()
-                    full = self._turn()
-                    failures = 0
-                    if self.publisher.fatal_error:
-                        raise FatalRelayError(self.publisher.fatal_error)
-                    if not full:
-                        # Inside the try: the LISTEN session can be cut while we wait, like any other.
-                        self._wait(self.settings.poll_interval)
-                except RelayIdInUse as exc:
-                    failures += 1
-                    delay = backoff_delay(failures, cap=5)
-                    log.error("relay_id_in_use", relay_id=self.settings.relay_id, reason=str(exc))
-                    self._disconnect()
-                    self._waiting_for_id = str(exc)
-                    self._sleep(delay)
-                except psycopg.Error as exc:
-                    if not database_unavailable(exc, *self._connections()):
-                        raise  # a bug or a schema problem: fail loudly rather than loop on it
-                    failures += 1
-                    delay = backoff_delay(failures)
-                    log.warning(
-                        "relay_database_unavailable", error=describe_error(exc), retry_in=round(delay, 2)
-                    )
-                    self._disconnect()
-                    self._sleep(delay)
+            self.daemon.run(self._loop_turn, lost=self._lost, on_lost=self._on_lost)
         finally:
             self._shutdown()
         log.info("relay_stopped", relay_id=self.settings.relay_id)
         return 0
+
+    def _loop_turn(self) -> None:
+        self._ensure_connected()
+        full = self._turn()
+        if self.publisher.fatal_error:
+            raise FatalRelayError(self.publisher.fatal_error)
+        if not full:
+            # Inside the turn: the LISTEN session can be cut while we wait, like any other.
+            self._wait(self.settings.poll_interval)
+
+    def _lost(self, exc: BaseException) -> bool:
+        """The relay goes on after losing its database, or while another replica holds its relay id."""
+        return isinstance(exc, RelayIdInUse) or database_unavailable(exc, *self._connections())
+
+    def _on_lost(self, exc: BaseException) -> None:
+        if isinstance(exc, RelayIdInUse):
+            log.error("relay_id_in_use", relay_id=self.settings.relay_id, reason=str(exc))
+            self._waiting_for_id = str(exc)
+        self._disconnect()
 
     def _connections(self) -> tuple[Connection | None, ...]:
         return (*self._batch_conns, self._lease_conn, self._listen_conn)
@@ -249,9 +238,7 @@ class Relay:
         self._disconnect()
 
     def healthy(self) -> tuple[bool, str]:
-        stalled = time.monotonic() - self.last_loop
-        limit = max(60.0, 2 * self.settings.delivery_timeout + 30)
-        return (stalled < limit, f"main loop last turned {stalled:.1f}s ago (limit {limit:.0f}s)")
+        return self.daemon.healthy()
 
     def ready(self) -> tuple[bool, str]:
         problem = next(self._readiness_problems(), None)
@@ -312,7 +299,7 @@ class Relay:
         while in_flight:
             batch = in_flight.popleft()
             self._finish(batch)
-            self.last_loop = time.monotonic()
+            self.daemon.beat()
             # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
             full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
             if full and self._may_begin():
@@ -323,12 +310,14 @@ class Relay:
                 more = more or full
         if self._failed_batches:
             # Nothing got through: the broker is struggling. Back off longer after each such batch.
-            self._sleep(backoff_delay(self._failed_batches))
+            self.daemon.sleep(backoff_delay(self._failed_batches))
         return more
 
     def _may_begin(self) -> bool:
         assert self.leases is not None
-        return not (self._stopping or self.leases.due() or self.publisher.fatal_error or self._failed_batches)
+        return not (
+            self.daemon.stopping or self.leases.due() or self.publisher.fatal_error or self._failed_batches
+        )
 
     def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
         """Claim up to batch-size rows of the lane's shards (opening the batch's transaction) and hand
@@ -412,7 +401,7 @@ class Relay:
             {
                 "relay_id": self.settings.relay_id,
                 "ids": [o.row_id for o in outcome.rows],
-                "states": [o.state for o in outcome.rows],
+                "states": [o.state.value for o in outcome.rows],
                 "errors": [o.error for o in outcome.rows],
             },
         ).rowcount
@@ -444,11 +433,11 @@ class Relay:
         published: Counter[str] = Counter()
         # outcome.rows is in the order of batch.rows (decide keeps it).
         for row, topic, row_outcome in zip(batch.rows, batch.topics, outcome.rows, strict=True):
-            if row_outcome.state == "published":
+            if row_outcome.state is RowState.PUBLISHED:
                 published[topic] += 1
                 # Wall clock against the database's created_at: comparable while the clocks are in sync.
                 self.metrics.commit_to_ack.observe(max(0.0, acked_at - row.created_epoch))
-            elif row_outcome.state == "failed":
+            elif row_outcome.state is RowState.FAILED:
                 self.metrics.parked.labels(topic).inc()
                 log.error(
                     "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
@@ -468,7 +457,7 @@ class Relay:
             log.warning(
                 "relay_rows_retried",
                 count=outcome.retried,
-                reason=next((o.error for o in outcome.rows if o.state == "pending"), None),
+                reason=next((o.error for o in outcome.rows if o.state is RowState.PENDING), None),
             )
         log.debug(
             "relay_batch_published",
@@ -503,18 +492,13 @@ class Relay:
     def _wait(self, seconds: float) -> None:
         """Sleep until a NOTIFY arrives, `seconds` pass, leases need renewing, or we are asked to stop."""
         deadline = time.monotonic() + seconds
-        while not self._stopping:
+        while not self.daemon.stopping:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (self.leases is not None and self.leases.due()):
                 return
             if self._listen_conn is None:
-                time.sleep(min(remaining, 0.2))
+                self.daemon.sleep(min(remaining, 0.2))
                 continue
             # Short slices keep SIGTERM handling prompt; one notification is enough to go and look.
             if any(True for _ in self._listen_conn.notifies(timeout=min(remaining, 0.5), stop_after=1)):
                 return
-
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self._stopping and time.monotonic() < deadline:
-            time.sleep(min(0.2, deadline - time.monotonic()))

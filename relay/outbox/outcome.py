@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from relay.outbox.errors import Disposition
 
@@ -24,10 +25,18 @@ class Delivery:
 DELIVERED = Delivery(None)  # shared: one per delivered message would be per-row garbage
 
 
+class RowState(StrEnum):
+    """An outbox row's state, as stored in outbox.state."""
+
+    PENDING = "pending"  # waiting to be published (again)
+    PUBLISHED = "published"
+    FAILED = "failed"  # parked: never retried until `postbox relay requeue`
+
+
 @dataclass(frozen=True, slots=True)
 class RowOutcome:
     row_id: int
-    state: str  # 'published', 'failed' or 'pending'
+    state: RowState
     error: str | None
 
 
@@ -47,16 +56,16 @@ def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequen
     for row_id, aggregate, delivery in zip(row_ids, aggregates, deliveries, strict=True):
         disposition = delivery.disposition
         if disposition is Disposition.PARK:
-            outcomes.append(RowOutcome(row_id, "failed", delivery.reason))
+            outcomes.append(RowOutcome(row_id, RowState.FAILED, delivery.reason))
             parked += 1
         elif disposition is None and aggregate not in held_back:
-            outcomes.append(RowOutcome(row_id, "published", None))
+            outcomes.append(RowOutcome(row_id, RowState.PUBLISHED, None))
             published += 1
         else:
             held_back.add(aggregate)
             reason = (
                 delivery.reason if disposition is not None else "held back behind an earlier failed event"
             )
-            outcomes.append(RowOutcome(row_id, "pending", reason))
+            outcomes.append(RowOutcome(row_id, RowState.PENDING, reason))
             retried += 1
     return BatchOutcome(outcomes, published, parked, retried)

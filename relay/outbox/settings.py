@@ -5,47 +5,131 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import ClassVar
 
 from relay.core.db import check_database_url
+from relay.core.redact import redact
+from relay.core.settings import (
+    DatabaseSettings,
+    Renamed,
+    Settings,
+    SettingsError,
+    duration,
+    setting,
+    shared_database_url,
+    shared_kafka_bootstrap,
+    shared_kafka_config,
+    shared_metrics_address,
+    shared_schema,
+)
 from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, validate_topic_template
-
-
-class SettingsError(ValueError):
-    """A setting is invalid; the message starts with the setting's name."""
-
 
 # The relay's safety rests on these producer settings; a pass-through value may not weaken them.
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 
 
-@dataclass(frozen=True)
-class RelaySettings:
-    database_url: str
-    kafka_bootstrap: str
-    schema: str = "postbox"
-    relay_id: str = field(default_factory=lambda: f"{socket.gethostname()[:40]}-{os.getpid()}")
-    batch_size: int = 1000
-    lanes: int = 2  # batches in flight at once, each on its own shards and connection
-    poll_interval: float = 1.0
-    listen: bool = True
-    lease_ttl: float = 15.0
-    delivery_timeout: float = 20.0
-    topic_template: str = DEFAULT_TOPIC_TEMPLATE
-    prune_retention: timedelta | None = None
-    delete_on_publish: bool = False  # delete a row in the mark statement instead of marking it published
-    prune_interval: float = 60.0
-    topic_recheck_interval: float = 30.0
-    # Sent by default so the inbox can dispatch (Debezium consumers ignore an extra header); "" turns it off
-    # for exactly the Debezium router's default wire format.
-    event_type_header: str = "eventType"
-    # Bytes of messages one claim loads (per lane; the first row always comes). With two lanes in flight and
-    # the copies psycopg, Python and librdkafka each hold, 16 MiB keeps the relay well inside the shipped
-    # 256Mi pod limit, whatever the rows hold.
-    max_batch_bytes: int = 16 << 20
-    kafka_config: dict[str, str] = field(default_factory=dict)
+def _default_relay_id() -> str:
+    return f"{socket.gethostname()[:40]}-{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelaySettings(Settings):
+    """`postbox relay run`. Earlier names (POSTBOX_LEASE_TTL...) are read for one more release."""
+
+    PREFIX: ClassVar[str] = "POSTBOX_RELAY_"
+    SERVICE: ClassVar[str] = "relay"
+
+    database_url: str = shared_database_url()
+    schema: str = shared_schema()
+    kafka_bootstrap: str = shared_kafka_bootstrap()
+    kafka_config: dict[str, str] = shared_kafka_config()
+    relay_id: str = setting(
+        None,
+        "this replica's name in the lease table; a second live replica with the same id waits (unready) "
+        "instead of sharing its leases",
+        parse=str,
+        env="POSTBOX_RELAY_ID",
+        factory=_default_relay_id,
+        shown_default="hostname-pid",
+    )
+    batch_size: int = setting(
+        1000, "rows claimed per batch (per lane)", bounds=(1, 10_000), retired=("POSTBOX_BATCH_SIZE",)
+    )
+    max_batch_bytes: int = setting(
+        # With two lanes in flight and the copies psycopg, Python and librdkafka each hold, 16 MiB keeps the
+        # relay well inside the shipped 256Mi pod limit, whatever the rows hold.
+        16 << 20,
+        "bytes of messages one claim loads (per lane; a batch is cut short there, the first row always "
+        "comes); rows over the producer's message.max.bytes are parked without being loaded",
+        bounds=(1 << 20, 1 << 30),
+    )
+    lanes: int = setting(
+        2,
+        "batches in flight at once, each on its own shards and database connection: while one waits for "
+        "Kafka's acks the next is claimed and produced (1 = one batch at a time)",
+        bounds=(1, 8),
+    )
+    poll_interval: float = setting(
+        1.0, "seconds between polls when idle", bounds=(0.05, 60), renamed=(Renamed("POSTBOX_POLL_INTERVAL"),)
+    )
+    listen: bool = setting(
+        True,
+        "LISTEN for NOTIFY wake-ups (--no-listen: poll only)",
+        renamed=(Renamed("POSTBOX_NO_LISTEN", negated=True),),
+    )
+    lease_ttl: float = setting(
+        15.0,
+        "seconds a shard lease lasts without renewal (the failover time)",
+        bounds=(1, 600),
+        renamed=(Renamed("POSTBOX_LEASE_TTL"),),
+    )
+    delivery_timeout: float = setting(
+        20.0,
+        "seconds Kafka may take to acknowledge (message.timeout.ms)",
+        bounds=(1, 900),
+        renamed=(Renamed("POSTBOX_DELIVERY_TIMEOUT"),),
+    )
+    topic_template: str = setting(
+        DEFAULT_TOPIC_TEMPLATE,
+        "topic for rows without an explicit topic",
+        renamed=(Renamed("POSTBOX_TOPIC_TEMPLATE"),),
+    )
+    event_type_header: str = setting(
+        # Sent by default so the inbox can dispatch (Debezium consumers ignore an extra header).
+        "eventType",
+        "also send the event type in this header, which the inbox dispatches on; Debezium consumers "
+        "ignore it ('' turns it off: the Debezium router's exact default format)",
+        renamed=(Renamed("POSTBOX_EVENT_TYPE_HEADER"),),
+    )
+    topic_recheck_interval: float = setting(
+        30.0,
+        "seconds between checks of a topic held back by a configuration error",
+        bounds=(0.1, 3600),
+        renamed=(Renamed("POSTBOX_TOPIC_RECHECK_INTERVAL"),),
+    )
+    prune_retention: timedelta | None = setting(
+        None,
+        "delete published rows older than this (e.g. 7d) while running; off when unset",
+        parse=duration,
+        bounds=(1, 1e9),
+        renamed=(Renamed("POSTBOX_PRUNE_RETENTION"),),
+    )
+    prune_interval: float = setting(
+        60.0,
+        "seconds between the daemon's pruning runs (with --prune-retention)",
+        bounds=(0.1, 86_400),
+        renamed=(Renamed("POSTBOX_PRUNE_INTERVAL"),),
+    )
+    delete_on_publish: bool = setting(
+        False,
+        "delete each row once Kafka has acknowledged it, in the statement that would mark it published "
+        "(cheaper than an update; keeps no published rows; needs GRANT DELETE on the outbox)",
+        renamed=(Renamed("POSTBOX_DELETE_ON_PUBLISH"),),
+    )
+    metrics_address: str = shared_metrics_address("0.0.0.0:9400")
 
     @property
     def max_message_bytes(self) -> int:
@@ -53,48 +137,29 @@ class RelaySettings:
         parked by the claim without being loaded."""
         return int(self.kafka_config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
 
-    def __post_init__(self) -> None:
-        def check(ok: bool, message: str) -> None:
-            if not ok:
-                raise SettingsError(message)
+    def effective_lines(self) -> list[str]:
+        """For `config check`: the librdkafka configuration the producer gets."""
+        return [f"  rdkafka {k} = {redact(k, str(v))}" for k, v in sorted(self.producer_config().items())]
 
-        check(bool(self.database_url), "database-url: required (POSTBOX_DATABASE_URL)")
+    def check(self) -> None:
         try:
             check_database_url(self.database_url)
         except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        check(bool(self.kafka_bootstrap), "kafka-bootstrap: required (POSTBOX_KAFKA_BOOTSTRAP)")
-        check(1 <= self.batch_size <= 10_000, f"batch-size: {self.batch_size} is outside 1..10000")
-        check(1 <= self.lanes <= 8, f"lanes: {self.lanes} is outside 1..8")
-        check(
-            1 << 20 <= self.max_batch_bytes <= 1 << 30,
-            f"max-batch-bytes: {self.max_batch_bytes} is outside 1 MiB..1 GiB",
-        )
+            raise SettingsError(f"{self.label('database_url')}: {exc}") from None
         raw_max = self.kafka_config.get("message.max.bytes", str(DEFAULT_MESSAGE_MAX_BYTES))
-        check(
-            raw_max.isascii() and raw_max.isdigit() and 1000 <= int(raw_max) <= 1_000_000_000,
-            f"kafka-config message.max.bytes={raw_max}: not a number of bytes in 1000..1000000000",
-        )
-        check(0.05 <= self.poll_interval <= 60, f"poll-interval: {self.poll_interval}s is outside 0.05..60")
-        check(1 <= self.lease_ttl <= 600, f"lease-ttl: {self.lease_ttl}s is outside 1..600")
-        check(
-            1 <= self.delivery_timeout <= 900, f"delivery-timeout: {self.delivery_timeout}s is outside 1..900"
-        )
-        check(
-            bool(re.fullmatch(r"[A-Za-z0-9_.:-]{1,48}", self.relay_id)),
-            f"relay-id: {self.relay_id!r} must be 1-48 of A-Z a-z 0-9 _ . : - "
-            "(it names the relay's sessions in pg_stat_activity)",
-        )
-        check(
-            0.1 <= self.prune_interval <= 86_400,
-            f"prune-interval: {self.prune_interval}s is outside 0.1..86400",
-        )
-        if self.prune_retention is not None:
-            check(self.prune_retention > timedelta(0), "prune-retention: must be positive")
+        if not (raw_max.isascii() and raw_max.isdigit() and 1000 <= int(raw_max) <= 1_000_000_000):
+            raise SettingsError(
+                f"kafka-config message.max.bytes={raw_max}: not a number of bytes in 1000..1000000000"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,48}", self.relay_id):
+            raise SettingsError(
+                f"{self.label('relay_id')}: {self.relay_id!r} must be 1-48 of A-Z a-z 0-9 _ . : - "
+                "(it names the relay's sessions in pg_stat_activity)"
+            )
         try:
             validate_topic_template(self.topic_template)
         except ValueError as exc:
-            raise SettingsError(f"topic-template: {exc}") from None
+            raise SettingsError(f"{self.label('topic_template')}: {exc}") from None
         for key, required in _REQUIRED_PRODUCER.items():
             given = self.kafka_config.get(key)
             if given is not None and given.lower() != required:
@@ -116,3 +181,25 @@ class RelaySettings:
         config.update(self.kafka_config)
         config.update(_REQUIRED_PRODUCER)
         return config
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneSettings(DatabaseSettings):
+    """`postbox relay prune`."""
+
+    PREFIX: ClassVar[str] = "POSTBOX_RELAY_"
+
+    older_than: timedelta = setting(
+        timedelta(days=7),
+        "delete published rows older than this",
+        env="POSTBOX_RELAY_PRUNE_RETENTION",
+        bounds=(1, 1e9),
+        renamed=(Renamed("POSTBOX_PRUNE_RETENTION"),),
+    )
+    batch_size: int = setting(
+        1000,
+        "rows per delete (one transaction each)",
+        env="POSTBOX_RELAY_PRUNE_BATCH_SIZE",
+        bounds=(1, 100_000),
+        renamed=(Renamed("POSTBOX_PRUNE_BATCH_SIZE"),),
+    )

@@ -10,7 +10,6 @@ property: a body signed with the right secret always verifies, whatever the body
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import hashlib
@@ -30,9 +29,10 @@ from inbox.webhooks.providers import (
     Stripe,
     stripe_signature_header,
 )
-from relay.core.cli_options import duration
+from relay.cli import services
 from relay.core.kafka_config import parse_kafka_config
 from relay.core.redact import redact, scrub
+from relay.core.settings import declared, duration, load
 from relay.outbox.enqueue import OutboxEvent, PayloadError, _row
 from relay.outbox.routing import OutboxRow, RoutingError, check_topic_name, to_message, topic_for
 
@@ -150,18 +150,18 @@ def outbox_row(data: bytes) -> None:
 
 def settings(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
-    with contextlib.suppress(argparse.ArgumentTypeError):
+    with contextlib.suppress(ValueError):
         duration(fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 40)))
     with contextlib.suppress(ValueError):
         parse_kafka_config([fdp.ConsumeUnicodeNoSurrogates(30) for _ in range(fdp.ConsumeIntInRange(0, 3))])
     names = [
-        "POSTBOX_STRIPE_SECRETS",
-        "POSTBOX_STRIPE_TOLERANCE",
-        "POSTBOX_SHOPIFY_SECRETS",
-        "POSTBOX_MARQETA_USERNAME",
-        "POSTBOX_MARQETA_PASSWORD",
-        "POSTBOX_MARQETA_SECRET",
-        "POSTBOX_MARQETA_ALGORITHMS",
+        "POSTBOX_WEBHOOK_STRIPE_SECRETS",
+        "POSTBOX_WEBHOOK_STRIPE_TOLERANCE",
+        "POSTBOX_WEBHOOK_SHOPIFY_SECRETS",
+        "POSTBOX_WEBHOOK_MARQETA_USERNAME",
+        "POSTBOX_WEBHOOK_MARQETA_PASSWORD",
+        "POSTBOX_WEBHOOK_MARQETA_SECRET",
+        "POSTBOX_WEBHOOK_MARQETA_ALGORITHMS",
         "POSTBOX_WEBHOOK_GENERIC",
         "POSTBOX_WEBHOOK_ACME_SECRETS",
         "POSTBOX_WEBHOOK_ACME_ALGORITHM",
@@ -171,6 +171,17 @@ def settings(data: bytes) -> None:
     environ = {name: fdp.ConsumeUnicodeNoSurrogates(12) for name in names if fdp.ConsumeBool()}
     with contextlib.suppress(ValueError):
         providers_from_env(environ)
+    # Every declared setting of every service, from the environment: a value is taken or refused with
+    # SettingsError (a ValueError), never another exception.
+    for cls in services().values():
+        declared_names = [item.env for item in declared(cls) if "<" not in item.env]
+        environ = {
+            name: fdp.ConsumeUnicodeNoSurrogates(16)
+            for name in declared_names
+            if fdp.ConsumeIntInRange(0, 3) == 0
+        }
+        with contextlib.suppress(ValueError):
+            load(cls, None, environ)
 
 
 def relay_row(data: bytes) -> None:

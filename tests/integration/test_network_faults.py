@@ -112,3 +112,65 @@ def test_a_network_cut_to_the_database_is_noticed_and_healed(own_postgres: Any, 
         assert relay.terminate() == 0
     records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
     check_delivery(records, written)
+
+
+def test_a_network_cut_to_the_database_is_survived_by_the_inbox_consumer_and_the_webhook_worker(
+    own_postgres: Any, servers: Servers
+) -> None:
+    """The consumer and the worker lose their database to silently dropped packets (no reset, no error
+    from the server): each notices through the connection's liveness settings, reconnects once the
+    network is back, and goes on without a restart and without losing the work sent meanwhile."""
+    from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
+    from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL  # noqa: PLC0415
+    from tests.support import InboxProcess, WorkerProcess, create_topic, execute_script, produce  # noqa: PLC0415
+
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+        execute_script(conn, f"{BANK_SQL};{HOOKS_SQL}")
+    topic = f"cut-{uuid.uuid4().hex[:8]}"
+    create_topic(servers.kafka_bootstrap, topic, 1)
+
+    def one(sql: str) -> object:
+        with psycopg.connect(own_postgres.dsn) as conn:
+            return conn.execute(sql).fetchone()
+
+    rule = (
+        "table inet postbox_daemoncut {\n  chain output {\n    type filter hook output priority 0;\n"
+        f"    tcp dport {own_postgres.port} drop\n  }}\n}}\n"
+    )
+    with (
+        InboxProcess(
+            own_postgres.dsn, servers.kafka_bootstrap, "postbox", "tests.apps.bank:inbox", [topic]
+        ) as inbox,
+        WorkerProcess(own_postgres.dsn, "postbox") as worker,
+    ):
+        produce(servers.kafka_bootstrap, topic, [("n1", "Deposit", {"account": "acc", "amount": 1})])
+        wait_until(lambda: one("SELECT balance FROM accounts") == (1,), 60, what="a deposit before the cut")
+        subprocess.run(["nft", "-f", "-"], input=rule, text=True, check=True)
+        try:
+            # The consumer touches its database only when a batch arrives: send one into the cut.
+            produce(servers.kafka_bootstrap, topic, [("n2", "Deposit", {"account": "acc", "amount": 1})])
+            wait_until(
+                lambda: (
+                    "inbox_database_unavailable" in inbox.log()
+                    and "webhook_worker_database_unavailable" in worker.log()
+                ),
+                90,
+                interval=0.5,
+                what="both noticing the database is unreachable",
+            )
+            assert inbox.process.poll() is None
+            assert worker.process.poll() is None
+        finally:
+            subprocess.run(["nft", "delete", "table", "inet", "postbox_daemoncut"], check=True)
+        with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO postbox.webhook_inbox (provider, event_id, event_type, payload) "
+                "VALUES ('stripe', 'evt_after_cut', 'invoice.paid', '{}')"
+            )
+        wait_until(
+            lambda: one("SELECT balance FROM accounts") == (2,), 90, what="the deposit sent into the cut"
+        )
+        wait_until(lambda: one("SELECT count(*) FROM applied") == (1,), 90, what="the webhook after the cut")
+        assert inbox.terminate() == 0
+        assert worker.terminate() == 0

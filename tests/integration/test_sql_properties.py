@@ -146,7 +146,10 @@ def test_a_record_the_database_refuses_is_parked_alone_and_its_batch_claimed(
     from inbox.message import Message  # noqa: PLC0415
 
     inbox = Inbox("fallback", schema=schema)
-    consumer = InboxConsumer(inbox, ConsumerSettings(servers.database_url, "127.0.0.1:1", ["t"]))
+    consumer = InboxConsumer(
+        inbox,
+        ConsumerSettings(database_url=servers.database_url, kafka_bootstrap="127.0.0.1:1", topics=["t"]),
+    )
     work = [
         _Work(Message("t", 0, offset, None, b"{}", {}, message_id, None))
         for offset, message_id in enumerate(["ok-1", "bad\x00id", "ok-2"])

@@ -185,14 +185,25 @@ def test_bad_requests_are_refused_with_a_clear_status_and_nothing_written(
 def test_the_database_down_answers_503_and_the_retry_lands(own_postgres: Any) -> None:
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")
-    with ReceiverProcess(own_postgres.dsn, "postbox") as receiver:
+    from tests.support import free_port, http_get  # noqa: PLC0415
+
+    metrics_port = free_port()
+    with ReceiverProcess(
+        own_postgres.dsn, "postbox", "--metrics-address", f"127.0.0.1:{metrics_port}"
+    ) as receiver:
         body = stripe_body()
         assert receiver.post("stripe", body, stripe_headers(body))[0] == 200
+        assert http_get(metrics_port, "/readyz")[0] == 200
         own_postgres.crash()
         retry = stripe_body()
         status, reply = receiver.post("stripe", retry, stripe_headers(retry))
         assert (status, reply) == (503, {"error": "temporarily unavailable, retry later"})
+        # The metrics port's readiness is the database's too, not a constant "ok".
+        wait_until(
+            lambda: http_get(metrics_port, "/readyz")[0] == 503, 15, what="unready on the metrics port"
+        )
         own_postgres.start_again()
+        wait_until(lambda: http_get(metrics_port, "/readyz")[0] == 200, 30, what="ready again")
         wait_until(
             lambda: receiver.post("stripe", retry, stripe_headers(retry))[0] == 200,
             30,

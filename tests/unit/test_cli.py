@@ -1,10 +1,16 @@
-import argparse
+import subprocess
+import sys
 
 import pytest
 
+from inbox.settings import ConsumeSettings, WorkSettings
 from relay import __version__
-from relay.cli import build_parser, main
-from relay.core.cli_options import duration
+from relay.cli import build_parser, main, services
+from relay.core.settings import Settings, SettingsError, duration, load, reference_table
+from relay.outbox.settings import RelaySettings
+from tests.support import REPO
+
+DB = {"POSTBOX_DATABASE_URL": "postgresql://db/x", "POSTBOX_KAFKA_BOOTSTRAP": "k:9092"}
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -14,100 +20,157 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"postbox {__version__}"
 
 
-def test_every_relay_run_flag_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POSTBOX_BATCH_SIZE", "77")
-    monkeypatch.setenv("POSTBOX_NO_LISTEN", "true")
-    monkeypatch.setenv("POSTBOX_SCHEMA", "events")
-    args = build_parser().parse_args(["relay", "run"])
-    assert (args.batch_size, args.no_listen, args.schema) == (77, True, "events")
-    flag_wins = build_parser().parse_args(["relay", "run", "--batch-size", "5"])
-    assert flag_wins.batch_size == 5
+def test_relay_run_takes_each_setting_from_flag_then_variable_then_default() -> None:
+    env = {"POSTBOX_RELAY_BATCH_SIZE": "77", "POSTBOX_RELAY_LISTEN": "false", "POSTBOX_SCHEMA": "events"}
+    loaded = load(RelaySettings, build_parser().parse_args(["relay", "run"]), {**env, **DB})
+    settings = loaded.settings
+    assert (settings.batch_size, settings.listen, settings.schema, settings.lanes) == (77, False, "events", 2)
+    assert loaded.sources["batch_size"] == "env POSTBOX_RELAY_BATCH_SIZE"
+    assert loaded.sources["lanes"] == "default"
+    args = build_parser().parse_args(["relay", "run", "--batch-size", "5", "--listen"])
+    flag_wins = load(RelaySettings, args, {**env, **DB})
+    assert (flag_wins.settings.batch_size, flag_wins.settings.listen) == (5, True)
+    assert flag_wins.sources["batch_size"] == "flag"
 
 
-def test_a_switch_that_is_not_given_is_false_not_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("POSTBOX_NO_LISTEN", raising=False)
-    monkeypatch.delenv("POSTBOX_DELETE_ON_PUBLISH", raising=False)
-    args = build_parser().parse_args(["relay", "run"])
-    assert args.no_listen is False
-    assert args.delete_on_publish is False
-    monkeypatch.setenv("POSTBOX_DELETE_ON_PUBLISH", "yes")
-    assert build_parser().parse_args(["relay", "run"]).delete_on_publish is True
-
-
-def test_a_malformed_environment_value_is_rejected_with_its_name(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "POSTBOX_RELAY_BATCH_SIZE",
+            "many",
+            r"^--batch-size \(POSTBOX_RELAY_BATCH_SIZE\): 'many' is not a whole",
+        ),
+        (
+            "POSTBOX_RELAY_BATCH_SIZE",
+            "0",
+            r"^--batch-size \(POSTBOX_RELAY_BATCH_SIZE\): 0 is outside 1..10000",
+        ),
+        (
+            "POSTBOX_RELAY_LEASE_TTL",
+            "nan",
+            r"^--lease-ttl \(POSTBOX_RELAY_LEASE_TTL\): 'nan' is not a finite",
+        ),
+        ("POSTBOX_RELAY_LISTEN", "maybe", r"^--listen \(POSTBOX_RELAY_LISTEN\): 'maybe' is not a boolean"),
+        (
+            "POSTBOX_METRICS_ADDRESS",
+            "9400",
+            r"^--metrics-address \(POSTBOX_METRICS_ADDRESS\): '9400' is not host",
+        ),
+    ],
+)
+def test_a_malformed_value_is_rejected_naming_its_flag_and_variable(
+    variable: str, value: str, message: str
 ) -> None:
-    monkeypatch.setenv("POSTBOX_BATCH_SIZE", "many")
-    with pytest.raises(SystemExit):
-        build_parser()
-    assert "POSTBOX_BATCH_SIZE='many' is not valid" in capsys.readouterr().err
+    with pytest.raises(SettingsError, match=message):
+        load(RelaySettings, None, {**DB, variable: value})
+
+
+def _run(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env},
+        check=False,
+        timeout=60,
+    )
+
+
+def test_a_command_reads_only_its_own_settings() -> None:
+    """Bad variables of other services break neither `--version` nor `migrate` (which then names the one
+    setting it is missing)."""
+    bad = {
+        "POSTBOX_RELAY_BATCH_SIZE": "abc",
+        "POSTBOX_RELAY_LISTEN": "maybe",
+        "POSTBOX_WEBHOOK_PORT": "http",
+        "POSTBOX_INBOX_MAX_BATCH_BYTES": "lots",
+    }
+    version = _run("--version", env=bad)
+    assert version.returncode == 0, version.stderr
+    migrate = _run("migrate", env=bad)
+    assert migrate.returncode == 2
+    assert "--database-url (POSTBOX_DATABASE_URL): required" in migrate.stderr
+    assert "BATCH_SIZE" not in migrate.stderr
+    assert "LISTEN" not in migrate.stderr
+
+
+def test_help_shows_each_commands_own_default_without_reading_the_environment() -> None:
+    env = {"POSTBOX_RELAY_BATCH_SIZE": "not read by --help", "COLUMNS": "250"}
+    work = _run("inbox", "work", "--help", env=env)
+    assert work.returncode == 0, work.stderr
+    assert "(env POSTBOX_WEBHOOK_BATCH_SIZE, default 20)" in work.stdout
+    relay = _run("relay", "run", "--help", env=env)
+    assert "(env POSTBOX_RELAY_BATCH_SIZE, default 1000)" in relay.stdout
+    consume = _run("inbox", "consume", "--help", env=env)
+    assert "(env POSTBOX_INBOX_BATCH_SIZE, default 500)" in consume.stdout
+
+
+def test_an_earlier_name_still_works_for_one_release_with_a_warning_naming_the_new_one() -> None:
+    loaded = load(RelaySettings, None, {**DB, "POSTBOX_LEASE_TTL": "30", "POSTBOX_NO_LISTEN": "true"})
+    assert loaded.settings.lease_ttl == 30.0
+    assert loaded.settings.listen is False  # POSTBOX_NO_LISTEN said the opposite of listen
+    assert loaded.sources["lease_ttl"] == "deprecated POSTBOX_LEASE_TTL"
+    assert (
+        "POSTBOX_LEASE_TTL is deprecated and will be removed: set POSTBOX_RELAY_LEASE_TTL" in loaded.warnings
+    )
+    assert "POSTBOX_NO_LISTEN is deprecated and will be removed: set POSTBOX_RELAY_LISTEN" in loaded.warnings
+    both = load(RelaySettings, None, {**DB, "POSTBOX_LEASE_TTL": "30", "POSTBOX_RELAY_LEASE_TTL": "40"})
+    assert both.settings.lease_ttl == 40.0  # the new name wins
+    assert both.warnings == []
+
+
+def test_the_deprecation_warning_is_logged_by_the_command_that_reads_the_name() -> None:
+    env = {
+        "POSTBOX_PRUNE_BATCH_SIZE": "5",
+        "POSTBOX_DATABASE_URL": "postgresql://127.0.0.1:1/x?connect_timeout=1",
+    }
+    status = _run("--log-format", "json", "relay", "status", env=env)
+    assert "POSTBOX_PRUNE_BATCH_SIZE" not in status.stderr  # relay status does not read it
+    pruned = _run("--log-format", "json", "relay", "prune", env=env)
+    assert '"event": "setting_deprecated"' in pruned.stderr
+    assert "set POSTBOX_RELAY_PRUNE_BATCH_SIZE" in pruned.stderr
+
+
+@pytest.mark.parametrize("cls", [RelaySettings, ConsumeSettings, WorkSettings])
+def test_the_shared_batch_size_is_refused_with_the_names_to_use(cls: type[Settings]) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load(cls, None, {**DB, "POSTBOX_BATCH_SIZE": "1000"})
+    message = str(raised.value)
+    assert message.startswith("POSTBOX_BATCH_SIZE is no longer read")
+    for name in ("POSTBOX_RELAY_BATCH_SIZE", "POSTBOX_INBOX_BATCH_SIZE", "POSTBOX_WEBHOOK_BATCH_SIZE"):
+        assert name in message
 
 
 def test_relay_run_without_a_database_names_the_setting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("POSTBOX_DATABASE_URL", raising=False)
+    monkeypatch.delenv("POSTBOX_DATABASE_URL_FILE", raising=False)
     with pytest.raises(SystemExit):
         main(["relay", "run", "--kafka-bootstrap", "k:1"])
-    assert "POSTBOX_DATABASE_URL" in capsys.readouterr().err
+    assert "--database-url (POSTBOX_DATABASE_URL): required" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["1e20", "inf", "1e400d", "nan"])
 def test_an_absurd_duration_is_a_clear_error(text: str) -> None:
     # Found by the atheris target settings: 1e20 and inf escaped as OverflowError.
-    with pytest.raises(argparse.ArgumentTypeError, match="is not a duration"):
+    with pytest.raises(ValueError, match="is not a duration"):
         duration(text)
 
 
-def _readme_flag_rows() -> dict[str, list[str]]:
-    from tests.support import REPO  # noqa: PLC0415
-
-    text = (REPO / "README.md").read_text()
-    table = text.split("| flag | env | default | meaning |", 1)[1].split("\n\n", 1)[0]
-    rows: dict[str, list[str]] = {}
-    for line in table.splitlines()[2:]:
-        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
-        rows[cells[0].split()[0]] = cells
-    return rows
-
-
-def _subcommand(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParser:
-    for name in names:
-        choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        parser = choices[name]
-    return parser
-
-
-def test_the_readme_flag_table_matches_relay_run_flag_for_flag() -> None:
-    """Every `postbox relay run` flag is in the README's table with its variable and default, and the table
-    names no flag the command lacks: the table cannot drift from the parser."""
-    import re  # noqa: PLC0415
-
-    parser = build_parser()
-    relay = next(
-        a for a in parser._subparsers._group_actions[0].choices["relay"]._actions if a.dest == "relay_command"
-    )  # type: ignore[union-attr]
-    run = relay.choices["run"]  # type: ignore[attr-defined]
-    rows = _readme_flag_rows()
-    flags = {}
-    for action in run._actions:
-        long = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
-        if long:
-            flags[long[0]] = action
-    assert set(rows) == set(flags), (
-        f"README only: {set(rows) - set(flags)}; parser only: {set(flags) - set(rows)}"
-    )
-    for flag, action in flags.items():
-        _, env, default, _ = rows[flag]
-        named = re.search(r"\(env (\w+)", action.help or "")
-        if named:
-            assert env == named.group(1), flag
-        if action.default in (None, False, []):
-            assert not re.fullmatch(r"[\d.]+", default), f"{flag}: README default {default!r}, parser none"
-        elif isinstance(action.default, int | float):
-            assert float(default) == float(action.default), f"{flag}: {default} vs {action.default}"
-        else:
-            assert default == str(action.default), f"{flag}: {default!r} vs {action.default!r}"
+def test_the_readme_tables_are_the_declarations() -> None:
+    """Each service's table in the README is exactly what `postbox config reference` prints: the tables
+    cannot drift from the settings."""
+    readme = (REPO / "README.md").read_text()
+    for service, cls in services().items():
+        begin, end = f"<!-- settings:{service} -->\n", "\n<!-- /settings -->"
+        assert begin in readme, f"README has no table for {service}"
+        table = readme.split(begin, 1)[1].split(end, 1)[0]
+        assert table == reference_table(cls), (
+            f"README's {service} table is stale: see postbox config reference"
+        )
 
 
 def test_dev_env_answers_for_the_stack_it_is_asked_about(tmp_path: object) -> None:

@@ -160,8 +160,10 @@ def test_an_absurd_stripe_timestamp_is_a_signature_error_before_any_arithmetic(t
 
 @pytest.mark.parametrize("tolerance", ["inf", "nan", "1e12", "0", "-1"])
 def test_an_unbounded_stripe_tolerance_is_refused(tolerance: str) -> None:
-    with pytest.raises(ValueError, match="POSTBOX_STRIPE_TOLERANCE"):
-        providers_from_env({"POSTBOX_STRIPE_SECRETS": SECRET, "POSTBOX_STRIPE_TOLERANCE": tolerance})
+    with pytest.raises(ValueError, match=r"^--stripe-tolerance \(POSTBOX_WEBHOOK_STRIPE_TOLERANCE\)"):
+        providers_from_env(
+            {"POSTBOX_WEBHOOK_STRIPE_SECRETS": SECRET, "POSTBOX_WEBHOOK_STRIPE_TOLERANCE": tolerance}
+        )
 
 
 # -- secrets ---------------------------------------------------------------------------------------------
@@ -176,8 +178,8 @@ def test_secret_files_are_stripped_and_an_empty_one_is_an_error(tmp_path: object
     assert secret("S", {"S_FILE": str(directory / "good")}) == "whsec_abc"
     with pytest.raises(ValueError, match=r"S_FILE=.*empty"):
         secret("S", {"S_FILE": str(directory / "empty")})
-    with pytest.raises(ValueError, match=r"POSTBOX_STRIPE_SECRETS_FILE=.*empty"):
-        providers_from_env({"POSTBOX_STRIPE_SECRETS_FILE": str(directory / "empty")})
+    with pytest.raises(ValueError, match=r"POSTBOX_WEBHOOK_STRIPE_SECRETS_FILE=.*empty"):
+        providers_from_env({"POSTBOX_WEBHOOK_STRIPE_SECRETS_FILE": str(directory / "empty")})
     with pytest.raises(ValueError, match="S: the secret is empty"):
         secret("S", {"S": " "})
     with pytest.raises(ValueError, match="no secret"):
@@ -270,7 +272,14 @@ def test_errors_are_described_without_detail_or_context() -> None:
 
 def test_the_claims_byte_budget_is_validated() -> None:
     with pytest.raises(SettingsError, match="max-batch-bytes"):
-        RelaySettings("postgresql://x", "k:9092", max_batch_bytes=10)
+        RelaySettings(database_url="postgresql://x", kafka_bootstrap="k:9092", max_batch_bytes=10)
     with pytest.raises(SettingsError, match=r"message\.max\.bytes"):
-        RelaySettings("postgresql://x", "k:9092", kafka_config={"message.max.bytes": "lots"})
-    assert RelaySettings("postgresql://x", "k:9092").event_type_header == "eventType"
+        RelaySettings(
+            database_url="postgresql://x",
+            kafka_bootstrap="k:9092",
+            kafka_config={"message.max.bytes": "lots"},
+        )
+    assert (
+        RelaySettings(database_url="postgresql://x", kafka_bootstrap="k:9092").event_type_header
+        == "eventType"
+    )

@@ -10,11 +10,11 @@ from tests.support import REPO
 @pytest.mark.parametrize(
     ("name", "value", "shown"),
     [
-        ("POSTBOX_STRIPE_SECRETS", "whsec_abc", MASK),
-        ("POSTBOX_MARQETA_PASSWORD", "pw", MASK),
+        ("POSTBOX_WEBHOOK_STRIPE_SECRETS", "whsec_abc", MASK),
+        ("POSTBOX_WEBHOOK_MARQETA_PASSWORD", "pw", MASK),
         ("POSTBOX_RDKAFKA_SASL_PASSWORD", "pw", MASK),
         ("rdkafka sasl.password", "pw", MASK),
-        ("POSTBOX_STRIPE_SECRETS_FILE", "/run/secrets/stripe", "/run/secrets/stripe"),
+        ("POSTBOX_WEBHOOK_STRIPE_SECRETS_FILE", "/run/secrets/stripe", "/run/secrets/stripe"),
         ("POSTBOX_BATCH_SIZE", "500", "500"),
         (
             "POSTBOX_DATABASE_URL",
@@ -49,13 +49,18 @@ def test_config_check_prints_the_effective_settings_without_secrets() -> None:
             "POSTBOX_DATABASE_URL": "postgresql://app:hunter2@db/x",
             "POSTBOX_KAFKA_BOOTSTRAP": "k:9092",
             "POSTBOX_RDKAFKA_SASL_PASSWORD": "hunter2",
-            "POSTBOX_STRIPE_SECRETS": "whsec_hunter2",
+            "POSTBOX_WEBHOOK_STRIPE_SECRETS": "whsec_hunter2",
         }
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "hunter2" not in result.stdout
     assert "rdkafka enable.idempotence = true" in result.stdout
-    assert "stripe = Stripe" in result.stdout
+    assert "POSTBOX_WEBHOOK_STRIPE_SECRETS = ********  (env POSTBOX_WEBHOOK_STRIPE_SECRETS)" in result.stdout
+    assert (
+        "POSTBOX_DATABASE_URL = postgresql://app:********@db/x  (env POSTBOX_DATABASE_URL)" in result.stdout
+    )
+    assert "POSTBOX_RELAY_BATCH_SIZE = 1000  (default)" in result.stdout
+    assert "inbox: not configured (--app (POSTBOX_INBOX_APP): required)" in result.stdout
 
 
 def test_config_check_names_an_invalid_setting_and_fails() -> None:
@@ -64,12 +69,14 @@ def test_config_check_names_an_invalid_setting_and_fails() -> None:
             "POSTBOX_KAFKA_BOOTSTRAP": "k:9092",
             "POSTBOX_DATABASE_URL": "postgresql://db/x",
             "POSTBOX_RDKAFKA_ACKS": "1",
-            "POSTBOX_MARQETA_USERNAME": "u",
+            "POSTBOX_WEBHOOK_MARQETA_USERNAME": "u",
         }
     )
     assert result.returncode == 1
     assert "relay: INVALID: kafka-config acks=1" in result.stdout
-    assert "webhook receiver: INVALID: POSTBOX_MARQETA_PASSWORD is required" in result.stdout
+    assert (
+        "receiver: INVALID: --marqeta-password (POSTBOX_WEBHOOK_MARQETA_PASSWORD): required" in result.stdout
+    )
 
 
 def test_liveness_options_fill_in_what_the_url_leaves_out() -> None:
@@ -100,7 +107,10 @@ def test_config_check_masks_key_material_odd_passwords_and_oauth_secrets(tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
     for secret in ("hun#ter2", "ter2", "MIIEvQ", "s3cr3t-oauth"):
         assert secret not in result.stdout, secret
-    assert "database_url = postgresql://app:********@db/x?sslmode=require" in result.stdout
+    assert (
+        "POSTBOX_DATABASE_URL = postgresql://app:********@db/x?sslmode=require"
+        "  (env POSTBOX_DATABASE_URL_FILE)" in result.stdout
+    )
 
 
 def test_an_empty_secret_file_fails_the_check_naming_it(tmp_path: object) -> None:
@@ -112,11 +122,11 @@ def test_an_empty_secret_file_fails_the_check_naming_it(tmp_path: object) -> Non
         {
             "POSTBOX_DATABASE_URL": "postgresql://db/x",
             "POSTBOX_KAFKA_BOOTSTRAP": "k:9092",
-            "POSTBOX_STRIPE_SECRETS_FILE": str(empty),
+            "POSTBOX_WEBHOOK_STRIPE_SECRETS_FILE": str(empty),
         }
     )
     assert result.returncode == 1, result.stdout
-    assert "POSTBOX_STRIPE_SECRETS_FILE=" in result.stdout
+    assert "POSTBOX_WEBHOOK_STRIPE_SECRETS_FILE=" in result.stdout
     assert "the secret is empty" in result.stdout
 
 

@@ -40,7 +40,7 @@ def test_pass_through_cannot_weaken_delivery(key: str, value: str) -> None:
     ],
 )
 def test_bad_settings_name_the_setting(overrides: dict[str, object], name: str) -> None:
-    with pytest.raises(SettingsError, match=f"^{name}:"):
+    with pytest.raises(SettingsError, match=rf"^--{name} \(POSTBOX_RELAY_"):
         settings(**overrides)
 
 

@@ -150,10 +150,17 @@ def test_configuration_names_the_variable_and_reads_mounted_files(tmp_path: obje
 
     secret_file = Path(str(tmp_path)) / "stripe"
     secret_file.write_text("whsec_a\nwhsec_b\n")
-    providers = providers_from_env({"POSTBOX_STRIPE_SECRETS_FILE": str(secret_file)})
+    providers = providers_from_env({"POSTBOX_WEBHOOK_STRIPE_SECRETS_FILE": str(secret_file)})
     assert providers["stripe"].secrets == ("whsec_a", "whsec_b")  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="POSTBOX_MARQETA_PASSWORD is required"):
-        providers_from_env({"POSTBOX_MARQETA_USERNAME": "u"})
+    with pytest.raises(
+        ValueError, match=r"\(POSTBOX_WEBHOOK_MARQETA_PASSWORD\): required with --marqeta-user"
+    ):
+        providers_from_env({"POSTBOX_WEBHOOK_MARQETA_USERNAME": "u"})
+    # The earlier names work for one more release (config check and the daemon log the deprecation).
+    assert set(providers_from_env({"POSTBOX_STRIPE_SECRETS": "whsec_a", "POSTBOX_SHOPIFY_SECRETS": "s"})) == {
+        "stripe",
+        "shopify",
+    }
     with pytest.raises(ValueError, match="POSTBOX_WEBHOOK_ACME_"):
         providers_from_env(
             {
@@ -165,7 +172,7 @@ def test_configuration_names_the_variable_and_reads_mounted_files(tmp_path: obje
     with pytest.raises(ValueError, match="no webhook provider is configured"):
         providers_from_env({})
     with pytest.raises(ValueError, match="cannot read it"):
-        providers_from_env({"POSTBOX_SHOPIFY_SECRETS_FILE": "/nonexistent/secret"})
+        providers_from_env({"POSTBOX_WEBHOOK_SHOPIFY_SECRETS_FILE": "/nonexistent/secret"})
 
 
 PROVIDERS = [
