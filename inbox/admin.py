@@ -1,4 +1,4 @@
-"""Operator views of the inboxes: what each consumer processed and parked, the webhook inbox by status,
+"""Operator views of the inboxes: each consumer's messages done and failed, the webhook inbox by status,
 and failed webhook events back for another try. Shared by the CLI; no daemon state."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ Connection = psycopg.Connection[Any]
 @dataclass(frozen=True)
 class ConsumerStatus:
     consumer: str
-    processed: int
-    parked: int
-    oldest_parked_seconds: float
+    done: int
+    failed: int
+    oldest_failed_seconds: float
     last_processed: datetime | None
 
 
@@ -31,7 +31,7 @@ def consumer_status(conn: Connection, consumer: str | None = None) -> list[Consu
     return [ConsumerStatus(str(c), int(d), int(f), float(o), last) for c, d, f, o, last in rows]
 
 
-def parked_messages(conn: Connection, consumer: str | None, limit: int) -> list[tuple[Any, ...]]:
+def failed_messages(conn: Connection, consumer: str | None, limit: int) -> list[tuple[Any, ...]]:
     """(consumer, message id, topic, partition, offset, attempts, reason), oldest first."""
     return conn.execute(query(QUERIES, "failed_messages"), {"consumer": consumer, "limit": limit}).fetchall()
 

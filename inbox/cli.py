@@ -50,11 +50,13 @@ def add_inbox_commands(commands: Any) -> None:
 
 def _add_status_commands(sub: Any, requeue_settings: type[Settings]) -> None:
     """The operator's views: `status`, `requeue`, `status-webhooks`, `requeue-webhooks`."""
-    status = sub.add_parser("status", help="per consumer: processed, parked, oldest parked, last processed")
+    status = sub.add_parser(
+        "status", help="per consumer: messages done and failed, the oldest failed, the last processing time"
+    )
     add_flags(status, DatabaseSettings)
     status.add_argument("--consumer", help="only this consumer (the Inbox's name)")
     status.add_argument(
-        "--show-parked", type=int, default=10, metavar="N", help="list up to N parked messages"
+        "--show-failed", type=int, default=10, metavar="N", help="list up to N failed messages"
     )
     status.set_defaults(handler=_cmd_status)
 
@@ -78,12 +80,12 @@ def _add_status_commands(sub: Any, requeue_settings: type[Settings]) -> None:
 
     again = sub.add_parser(
         "requeue",
-        help="parked Kafka messages read again from the broker and run through their handlers",
+        help="failed (parked) Kafka messages read again from the broker and run through their handlers",
     )
     add_flags(again, requeue_settings)
-    again.add_argument("--id", dest="ids", action="append", help="a parked message's id (repeatable)")
+    again.add_argument("--id", dest="ids", action="append", help="a failed message's id (repeatable)")
     again.add_argument("--error-like", help="only messages whose reason matches this LIKE pattern")
-    again.add_argument("--all", action="store_true", help="every parked message of the consumer")
+    again.add_argument("--all", action="store_true", help="every failed message of the consumer")
     again.set_defaults(handler=_cmd_requeue)
 
 
@@ -255,7 +257,9 @@ def _cmd_reconcile(args: argparse.Namespace, settings: Any, parser: argparse.Arg
 
     try:
         target = load_app(settings.app)
-        reconciler = target() if callable(target) and not hasattr(target, "recent_events") else target
+        # A factory (a class, or a function returning one) is called; a ready Reconciler is used as it is.
+        factory = isinstance(target, type) or not hasattr(target, "recent_events")
+        reconciler = target() if callable(target) and factory else target
     except (ValueError, ImportError) as exc:
         parser.error(str(exc))
 
@@ -294,23 +298,23 @@ def _cmd_prune_webhooks(args: argparse.Namespace, settings: Any, parser: argpars
 
 
 def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.admin import consumer_status, parked_messages  # noqa: PLC0415
+    from inbox.admin import consumer_status, failed_messages  # noqa: PLC0415
     from relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         found = consumer_status(conn, args.consumer)
-        parked = parked_messages(conn, args.consumer, args.show_parked)
+        failed = failed_messages(conn, args.consumer, args.show_failed)
     if not found:
         print("no inbox messages" + (f" for consumer {args.consumer!r}" if args.consumer else ""))
     for st in found:
         last = f"{st.last_processed:%Y-%m-%d %H:%M:%S%z}" if st.last_processed else "never"
         print(
-            f"{st.consumer}: processed {st.processed}, parked {st.parked}"
-            f" (oldest {st.oldest_parked_seconds:.0f} s), last processed {last}"
+            f"{st.consumer}: done {st.done}, failed {st.failed}"
+            f" (oldest {st.oldest_failed_seconds:.0f} s), last processed {last}"
         )
-    for consumer, message_id, topic, partition, offset, attempts, error in parked:
+    for consumer, message_id, topic, partition, offset, attempts, error in failed:
         print(
-            f"  parked {consumer} {message_id} at {topic}/{partition}/{offset} attempts={attempts}: {error}"
+            f"  failed {consumer} {message_id} at {topic}/{partition}/{offset} attempts={attempts}: {error}"
         )
     return 0
 
@@ -352,7 +356,7 @@ def _cmd_requeue_webhooks(args: argparse.Namespace, settings: Any, parser: argpa
 
 def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     if not (args.ids or args.error_like or args.all):
-        parser.error("say which parked messages: --id, --error-like, or --all")
+        parser.error("say which failed messages: --id, --error-like, or --all")
     from inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
 
     try:
@@ -366,12 +370,12 @@ def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.Argum
     )
     done = InboxConsumer(app, consumer_settings).requeue(ids=args.ids, error_like=args.error_like)
     print(
-        f"requeued {len(done.applied) + len(done.parked_again) + len(done.gone)} parked messages of "
-        f"{app.consumer}: {len(done.applied)} applied, {len(done.parked_again)} parked again, "
+        f"requeued {len(done.applied) + len(done.failed_again) + len(done.gone)} failed messages of "
+        f"{app.consumer}: {len(done.applied)} applied, {len(done.failed_again)} failed again, "
         f"{len(done.gone)} no longer on the broker"
     )
-    for message_id, reason in done.parked_again:
-        print(f"  parked again {message_id}: {reason}")
+    for message_id, reason in done.failed_again:
+        print(f"  failed again {message_id}: {reason}")
     for message_id in done.gone:
-        print(f"  gone from the broker (retention or compaction), still parked: {message_id}")
+        print(f"  gone from the broker (retention or compaction), still failed: {message_id}")
     return 0

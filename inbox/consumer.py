@@ -535,11 +535,11 @@ class InboxConsumer:
 
 @dataclass(frozen=True)
 class Requeued:
-    """What a requeue did: messages applied now, parked again (with their new reasons), and gone from
-    the broker (retention or compaction took them; they stay parked)."""
+    """What a requeue did: messages applied now, failed again (with their new reasons), and gone from
+    the broker (retention or compaction took them; they stay failed)."""
 
     applied: list[str]
-    parked_again: list[tuple[str, str]]
+    failed_again: list[tuple[str, str]]
     gone: list[str]
 
 

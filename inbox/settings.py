@@ -147,7 +147,7 @@ class ReconcileSettings(DatabaseSettings):
 
     app: str = setting(
         "",
-        "module:attribute naming a Reconciler (or a function returning one)",
+        "module:attribute naming a Reconciler (or a class or function that makes one)",
         parse=_app_spec,
         env="POSTBOX_WEBHOOK_RECONCILER",
         required=True,

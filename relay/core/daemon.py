@@ -7,7 +7,6 @@ only its turn, its connections and its readiness.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -16,20 +15,28 @@ import psycopg
 import structlog
 import tenacity
 
+from relay.core.backoff import backoff_delay
 from relay.core.db import describe_error
 from relay.core.lifecycle import stop_on_signals
 
 
 class Daemon:
-    def __init__(self, name: str, *, stall_limit: float = 120.0, backoff_cap: float = 30.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        stall_limit: float = 120.0,
+        backoff: Callable[[int], float] = backoff_delay,
+    ) -> None:
         """name: the daemon's log prefix (relay, inbox, webhook_worker, reconciler).
-        stall_limit: seconds without a heartbeat after which /healthz fails (the process is wedged)."""
+        stall_limit: seconds without a heartbeat after which /healthz fails (the process is wedged).
+        backoff: seconds to wait after n losses in a row (default: full jitter, doubling, 30 s cap)."""
         self.name = name
         self.stall_limit = stall_limit
         self.last_beat = time.monotonic()
         self.losses = 0  # database losses since the last turn that went through
         self._stop = threading.Event()
-        self._backoff = tenacity.wait_random_exponential(multiplier=0.5, max=backoff_cap)
+        self._backoff = backoff
         self._log = structlog.get_logger(f"postbox.{name}")
 
     # -- stopping ----------------------------------------------------------------------------------------
@@ -97,12 +104,10 @@ class Daemon:
         return 0
 
     def _wait(self, retry_state: tenacity.RetryCallState) -> float:
-        # tenacity counts every loss since the start; the wait should grow only over losses in a row, so its
-        # exponential sees the losses since the last turn that went through.
+        # tenacity counts every loss since the start; the wait grows only over the losses in a row (`turns`
+        # resets the count after a turn that went through).
         self.losses += 1
-        state = copy.copy(retry_state)
-        state.attempt_number = self.losses
-        return float(self._backoff(state))
+        return self._backoff(self.losses)
 
     def _before_sleep(
         self, on_lost: Callable[[BaseException], None]

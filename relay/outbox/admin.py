@@ -18,7 +18,7 @@ QUERIES = Path(__file__).with_name("queries.sql")
 class Status:
     backlog: int
     oldest_pending_seconds: float
-    parked: int
+    failed: int  # rows parked: in state failed
     unowned_shards: int
     owners: list[tuple[str, int, float]]  # (relay id, shards held, seconds until the earliest expiry)
 

@@ -18,18 +18,18 @@ def add_relay_commands(commands: Any) -> None:
     add_flags(run, RelaySettings)
     run.set_defaults(handler=_cmd_run)
 
-    status = sub.add_parser("status", help="backlog, oldest unpublished age, parked rows, shard owners")
+    status = sub.add_parser("status", help="backlog, oldest unpublished age, failed rows, shard owners")
     add_flags(status, DatabaseSettings)
-    status.add_argument("--show-parked", type=int, default=10, metavar="N", help="list up to N parked rows")
+    status.add_argument("--show-failed", type=int, default=10, metavar="N", help="list up to N failed rows")
     status.set_defaults(handler=_cmd_status)
 
-    requeue = sub.add_parser("requeue", help="put parked (failed) rows back to pending")
+    requeue = sub.add_parser("requeue", help="put failed (parked) rows back to pending")
     add_flags(requeue, DatabaseSettings)
     requeue.add_argument("--id", type=int, action="append", dest="ids", help="row id (repeatable)")
     requeue.add_argument("--aggregate-type")
     requeue.add_argument("--event-type")
     requeue.add_argument("--error-like", help="SQL LIKE pattern on the recorded error")
-    requeue.add_argument("--all", action="store_true", help="requeue every parked row")
+    requeue.add_argument("--all", action="store_true", help="requeue every failed row")
     requeue.set_defaults(handler=_cmd_requeue)
 
     prune = sub.add_parser("prune", help="delete published rows older than a retention, in small batches")
@@ -91,23 +91,23 @@ def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.Argume
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         st = status(conn)
-        parked = conn.execute(query(QUERIES, "parked_rows"), {"limit": args.show_parked}).fetchall()
+        failed = conn.execute(query(QUERIES, "failed_rows"), {"limit": args.show_failed}).fetchall()
     print(f"backlog            {st.backlog} rows")
     print(f"oldest unpublished {st.oldest_pending_seconds:.1f} s")
-    print(f"parked (failed)    {st.parked} rows")
+    print(f"failed             {st.failed} rows")
     print(f"unowned shards     {st.unowned_shards} of 64")
     for owner, count, expires in st.owners:
         print(f"  {owner:40} {count:3} shards, lease ends in {expires:.1f} s")
-    for row in parked:
+    for row in failed:
         print(
-            f"  parked id={row[0]} event_id={row[1]} {row[2]}/{row[3]} {row[4]} attempts={row[5]}: {row[6]}"
+            f"  failed id={row[0]} event_id={row[1]} {row[2]}/{row[3]} {row[4]} attempts={row[5]}: {row[6]}"
         )
     return 0
 
 
 def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     if not (args.ids or args.aggregate_type or args.event_type or args.error_like or args.all):
-        parser.error("say which parked rows: --id, --aggregate-type, --event-type, --error-like, or --all")
+        parser.error("say which failed rows: --id, --aggregate-type, --event-type, --error-like, or --all")
     from relay.core.db import connect  # noqa: PLC0415
     from relay.outbox.admin import requeue  # noqa: PLC0415
 

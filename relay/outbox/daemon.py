@@ -109,7 +109,9 @@ class Relay:
         self.metrics = metrics
         self._connect = connect  # connect(autocommit) -> a connection with search_path set
         # A batch legitimately waits up to the delivery timeout for its acks, twice over with two lanes.
-        self.daemon = Daemon("relay", stall_limit=max(60.0, 2 * settings.delivery_timeout + 30))
+        self.daemon = Daemon(
+            "relay", stall_limit=max(60.0, 2 * settings.delivery_timeout + 30), backoff=self._backoff
+        )
         self._topics = TopicGate()
         self._lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
         self._next_prune = 0.0
@@ -158,6 +160,11 @@ class Relay:
     def _lost(self, exc: BaseException) -> bool:
         """The relay goes on after losing its database, or while another replica holds its relay id."""
         return isinstance(exc, RelayIdInUse) or database_unavailable(exc, *self._connections())
+
+    def _backoff(self, losses: int) -> float:
+        # Waiting for our relay id is waiting for a lease to lapse (or a stale session to be ended): look
+        # again within seconds, where a lost database backs off to the daemon's 30 s.
+        return backoff_delay(losses, cap=5.0 if self._waiting_for_id is not None else 30.0)
 
     def _on_lost(self, exc: BaseException) -> None:
         if isinstance(exc, RelayIdInUse):
@@ -438,7 +445,7 @@ class Relay:
                 # Wall clock against the database's created_at: comparable while the clocks are in sync.
                 self.metrics.commit_to_ack.observe(max(0.0, acked_at - row.created_epoch))
             elif row_outcome.state is RowState.FAILED:
-                self.metrics.parked.labels(topic).inc()
+                self.metrics.failed.labels(topic).inc()
                 log.error(
                     "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
                 )
@@ -463,7 +470,7 @@ class Relay:
             "relay_batch_published",
             rows=len(batch.rows),
             published=outcome.published,
-            parked=outcome.parked,
+            failed=outcome.failed,
             retried=outcome.retried,
             seconds=round(seconds, 4),
         )
@@ -475,7 +482,7 @@ class Relay:
         current = admin.status(self._lease_conn)
         self.metrics.backlog_rows.set(current.backlog)
         self.metrics.oldest_pending_seconds.set(current.oldest_pending_seconds)
-        self.metrics.parked_rows.set(current.parked)
+        self.metrics.failed_rows.set(current.failed)
         self.metrics.unowned_shards.set(current.unowned_shards)
 
     def _maybe_prune(self) -> None:

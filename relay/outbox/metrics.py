@@ -10,8 +10,8 @@ class RelayMetrics:
         self.published = Counter(
             "postbox_relay_published_total", "Outbox rows published to Kafka", ["topic"], registry=registry
         )
-        self.parked = Counter(
-            "postbox_relay_parked_total",
+        self.failed = Counter(
+            "postbox_relay_failed_total",
             "Outbox rows parked as failed (permanent error)",
             ["topic"],
             registry=registry,
@@ -59,8 +59,8 @@ class RelayMetrics:
             "Age of the oldest unpublished outbox row",
             registry=registry,
         )
-        self.parked_rows = Gauge(
-            "postbox_relay_parked_rows", "Outbox rows parked as failed", registry=registry
+        self.failed_rows = Gauge(
+            "postbox_relay_failed_rows", "Outbox rows in state failed (parked)", registry=registry
         )
         self.unowned_shards = Gauge(
             "postbox_relay_unowned_shards", "Shards no live replica holds a lease on", registry=registry

@@ -44,7 +44,7 @@ class RowOutcome:
 class BatchOutcome:
     rows: list[RowOutcome]
     published: int
-    parked: int
+    failed: int
     retried: int
 
 
@@ -52,12 +52,12 @@ def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequen
     """Rows are in id order; `deliveries[i]` is the fate of row i's message."""
     outcomes: list[RowOutcome] = []
     held_back: set[str] = set()
-    published = parked = retried = 0
+    published = failed = retried = 0
     for row_id, aggregate, delivery in zip(row_ids, aggregates, deliveries, strict=True):
         disposition = delivery.disposition
         if disposition is Disposition.PARK:
             outcomes.append(RowOutcome(row_id, RowState.FAILED, delivery.reason))
-            parked += 1
+            failed += 1
         elif disposition is None and aggregate not in held_back:
             outcomes.append(RowOutcome(row_id, RowState.PUBLISHED, None))
             published += 1
@@ -68,4 +68,4 @@ def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequen
             )
             outcomes.append(RowOutcome(row_id, RowState.PENDING, reason))
             retried += 1
-    return BatchOutcome(outcomes, published, parked, retried)
+    return BatchOutcome(outcomes, published, failed, retried)

@@ -203,7 +203,7 @@ ORDER BY owner
 -- name: unowned_shards
 SELECT count(*) FROM outbox_shard_lease WHERE owner IS NULL OR expires_at <= clock_timestamp()
 
--- name: parked_rows
+-- name: failed_rows
 SELECT id, event_id, aggregate_type, aggregate_id, event_type, attempts, last_error
 FROM outbox WHERE state = 'failed' ORDER BY id LIMIT %(limit)s
 

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from inbox.webhooks.providers import IncomingEvent
 from inbox.webhooks.worker import WebhookEvent, Webhooks
 
 hooks = Webhooks(max_attempts=3, visibility_timeout=2.0, retry_backoff=0.05)
@@ -36,3 +37,16 @@ def poison(tx: Any, event: WebhookEvent) -> None:
 
 for _provider in ("stripe", "shopify", "marqeta"):
     hooks.handler(_provider, "*")(_apply)
+
+
+class TickingReconciler:
+    """A provider API that reports one new event per pass (`postbox inbox reconcile --every`)."""
+
+    provider = "stripe"
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def recent_events(self, since: Any) -> list[IncomingEvent]:
+        self.passes += 1
+        return [IncomingEvent("stripe", f"evt_pass_{os.getpid()}_{self.passes}", "invoice.paid", {})]

@@ -54,9 +54,9 @@ def test_inbox_status_counts_per_consumer_and_lists_the_parked(
         "('shipping', 'm1', 't', 0, 1, 'done', NULL, now())"
     )
     out = inbox_cli(servers, schema, "status").stdout
-    assert "billing: processed 2, parked 1" in out
-    assert "shipping: processed 1, parked 0" in out
-    assert "parked billing m3 at t/1/7 attempts=1: KeyError: total" in out
+    assert "billing: done 2, failed 1" in out
+    assert "shipping: done 1, failed 0" in out
+    assert "failed billing m3 at t/1/7 attempts=1: KeyError: total" in out
     only = inbox_cli(servers, schema, "status", "--consumer", "shipping").stdout
     assert "billing" not in only
 
@@ -131,12 +131,12 @@ def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
     refused = inbox_cli(servers, schema, *base, check=False)
     assert refused.returncode == 2
     out = inbox_cli(servers, schema, *base, "--all").stdout
-    assert "requeued 2 parked messages of bank: 1 applied, 1 parked again, 0 no longer on the broker" in out
-    assert f"parked again {topic}/0/2: its id is unusable" in out
+    assert "requeued 2 failed messages of bank: 1 applied, 1 failed again, 0 no longer on the broker" in out
+    assert f"failed again {topic}/0/2: its id is unusable" in out
     assert db.execute("SELECT status FROM inbox_message WHERE message_id = 'n1'").fetchone() == ("done",)
     assert db.execute("SELECT message_id FROM effects WHERE account = 'nope'").fetchall() == [("n1",)]
     again = inbox_cli(servers, schema, *base, "--all").stdout
-    assert "0 applied, 1 parked again" in again, "an applied message is not run twice"
+    assert "0 applied, 1 failed again" in again, "an applied message is not run twice"
     assert db.execute("SELECT count(*) FROM effects WHERE account = 'nope'").fetchone() == (1,)
 
 
@@ -246,3 +246,36 @@ def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart
         assert worker.process.poll() is None
         assert inbox.terminate() == 0
         assert worker.terminate() == 0
+
+
+def test_the_scheduled_reconciler_carries_on_after_a_database_restart(own_postgres: Any) -> None:
+    """`reconcile --every` runs on the daemon skeleton: a pass that finds the database gone is logged and
+    retried after a backoff, the process stays up, and the passes after the restart store events again."""
+    from relay.core.migrate import migrate  # noqa: PLC0415
+    from tests.support import ChildProcess  # noqa: PLC0415
+
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
+        migrate(conn, "postbox")
+
+    def stored() -> int:
+        with psycopg.connect(own_postgres.dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM postbox.webhook_inbox").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    args = ["inbox", "reconcile", "--app", "tests.apps.hooks:TickingReconciler", "--every", "1s"]
+    args += ["--database-url", own_postgres.dsn, "--schema", "postbox"]
+    with ChildProcess(f"reconciler-{uuid.uuid4().hex[:6]}", args) as reconciler:
+        wait_until(lambda: stored() >= 1, 30, what="a first reconciled event")
+        own_postgres.crash()
+        wait_until(
+            lambda: "reconciler_database_unavailable" in reconciler.log(),
+            30,
+            what="the reconciler noticing the database is gone",
+        )
+        assert reconciler.process.poll() is None
+        own_postgres.start_again()
+        before = stored()
+        wait_until(lambda: stored() > before, 60, what="a pass after the restart")
+        assert reconciler.process.poll() is None
+        assert reconciler.terminate() == 0

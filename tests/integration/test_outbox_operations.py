@@ -87,13 +87,13 @@ def test_status_requeue_and_prune(servers: Servers, schema: str, db: Conn) -> No
         (ids[3:5],),
     )
     st = status(db)
-    assert (st.backlog, st.parked, st.unowned_shards) == (1, 3, 64)
+    assert (st.backlog, st.failed, st.unowned_shards) == (1, 3, 64)
 
     with psycopg.connect(servers.database_url) as conn:
         conn.execute(f'SET search_path TO "{schema}"')
         assert len(requeue(conn, error_like="%too large%")) == 2
         assert requeue(conn, ids=[999_999]) == []
-    assert status(db).parked == 1
+    assert status(db).failed == 1
 
     with psycopg.connect(servers.database_url) as conn:
         conn.execute(f'SET search_path TO "{schema}"')
@@ -112,11 +112,11 @@ def test_the_cli_reports_status_and_requeues(servers: Servers, schema: str, db: 
     common = ["--database-url", servers.database_url, "--schema", schema]
     out = subprocess.run([*base, "status", *common], capture_output=True, text=True, check=True).stdout
     assert "backlog            1 rows" in out
-    assert "parked (failed)    1 rows" in out
+    assert "failed             1 rows" in out
     assert "too large" in out
     refused = subprocess.run([*base, "requeue", *common], capture_output=True, text=True, check=False)
     assert refused.returncode == 2
-    assert "say which parked rows" in refused.stderr
+    assert "say which failed rows" in refused.stderr
     done = subprocess.run([*base, "requeue", *common, "--all"], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("requeued 1 rows")
     assert db.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone() == (2,)

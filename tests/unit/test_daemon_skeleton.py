@@ -3,9 +3,11 @@ that a stop ends a wait at once. (Each daemon's reconnects against real servers 
 
 import threading
 import time
+from functools import partial
 
 import pytest
 
+from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
 
 
@@ -14,7 +16,7 @@ class Lost(Exception):
 
 
 def test_a_lost_connection_is_survived_and_anything_else_propagates() -> None:
-    daemon = Daemon("test", backoff_cap=0.01)
+    daemon = Daemon("test", backoff=lambda _losses: 0.01)
     calls: list[str] = []
     script = iter(["lost", "ok", "lost", "bug"])
 
@@ -34,7 +36,7 @@ def test_a_lost_connection_is_survived_and_anything_else_propagates() -> None:
 
 
 def test_the_wait_grows_over_losses_in_a_row_and_starts_again_after_a_turn_that_went_through() -> None:
-    daemon = Daemon("test", backoff_cap=1000.0)
+    daemon = Daemon("test", backoff=partial(backoff_delay, cap=1000.0))
     seen: list[int] = []
     script = iter(["lost"] * 4 + ["ok"] + ["lost"] + ["stop"])
 
@@ -49,14 +51,13 @@ def test_the_wait_grows_over_losses_in_a_row_and_starts_again_after_a_turn_that_
     daemon.sleep = waits.append  # type: ignore[method-assign]
     daemon.run(turn, lost=lambda exc: isinstance(exc, Lost), on_lost=lambda _exc: seen.append(daemon.losses))
     assert seen == [1, 2, 3, 4, 1], "the count restarts after the turn that went through"
-    # Full jitter: each wait is uniform in [0, 0.5 * 2^(n-1)], so only the bounds can be asserted.
+    # Full jitter: each wait is uniform in [0, 0.5 * 2^n], so only the bounds can be asserted.
     for losses, wait in zip(seen, waits, strict=True):
-        assert 0 <= wait <= 0.5 * 2 ** (losses - 1)
+        assert 0 <= wait <= 0.5 * 2**losses
 
 
 def test_a_stop_ends_a_wait_at_once_and_the_run_returns_zero() -> None:
-    daemon = Daemon("test")
-    daemon._backoff = lambda _state: 600.0  # type: ignore[assignment]  (every wait the full 600 s)
+    daemon = Daemon("test", backoff=lambda _losses: 600.0)  # every wait the full 600 s
 
     def turn() -> None:
         raise Lost

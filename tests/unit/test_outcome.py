@@ -7,7 +7,7 @@ OK = Delivery(None)
 def test_all_delivered_are_published() -> None:
     outcome = decide([1, 2], ["a", "b"], [OK, OK])
     assert [(r.row_id, r.state) for r in outcome.rows] == [(1, "published"), (2, "published")]
-    assert (outcome.published, outcome.parked, outcome.retried) == (2, 0, 0)
+    assert (outcome.published, outcome.failed, outcome.retried) == (2, 0, 0)
 
 
 def test_a_permanent_failure_parks_only_that_row() -> None:
