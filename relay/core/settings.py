@@ -426,9 +426,11 @@ def describe(loaded: Loaded[Settings]) -> list[str]:
     for item in declared(type(loaded.settings)):
         value = getattr(loaded.settings, item.name)
         if item.declaration.gather is not None and isinstance(value, dict):
+            source = loaded.sources.get(item.name, "given")
             for key, property_value in sorted(value.items()):
                 shown = redact(key, str(property_value))
-                lines.append(f"  {item.env.replace('<NAME>', key)} = {shown}  (env)")
+                variable = item.env.replace("<NAME>", key.upper().replace(".", "_"))
+                lines.append(f"  {variable} = {shown}  ({source}: {key})")
             continue
         if value in (None, "", ()):
             shown = "(unset)"
@@ -436,8 +438,11 @@ def describe(loaded: Loaded[Settings]) -> list[str]:
             shown = redact(item.env, str(value)) if "://" in str(value) else MASK
         elif isinstance(value, timedelta):
             shown = _duration_text(value)
+        elif isinstance(value, bool):
+            shown = "true" if value else "false"  # as the variable takes it
         else:
-            shown = redact(item.env, _show(value) if not isinstance(value, tuple) else ",".join(value))
+            written = ",".join(value) if isinstance(value, tuple | list) else _show(value)
+            shown = redact(item.env, written)
         lines.append(f"  {item.env} = {shown}  ({loaded.sources.get(item.name, 'given')})")
     return lines
 

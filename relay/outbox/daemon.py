@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 import structlog
+import tenacity
 
 from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
@@ -203,24 +204,33 @@ class Relay:
     def _lock_relay_id(self, conn: Connection) -> None:
         """Hold the relay id's session lock on the lease connection, or raise RelayIdInUse."""
         key = advisory_key("postbox.relay-id", f"{self.settings.schema}:{self.settings.relay_id}")
-        for attempt in range(10):
+
+        def lock() -> bool:
             locked = conn.execute(query(QUERIES, "lock_relay_id"), {"key": key}).fetchone()
-            if locked and locked[0]:
+            return bool(locked and locked[0])
+
+        if lock():
+            return
+        ended = conn.execute(
+            query(QUERIES, "end_stale_relay_id_holder"),
+            {
+                "high": (key >> 32) & 0xFFFFFFFF,
+                "low": key & 0xFFFFFFFF,
+                "relay_id": self.settings.relay_id,
+                "ttl": timedelta(seconds=self.settings.lease_ttl),
+            },
+        ).fetchone()
+        if ended and ended[0]:
+            log.warning("relay_stale_session_ended", relay_id=self.settings.relay_id)
+            # A terminated backend releases its locks as it exits: look again for up to about 2 s.
+            again = tenacity.Retrying(
+                retry=tenacity.retry_if_result(lambda locked: not locked),
+                stop=tenacity.stop_after_attempt(9),
+                wait=tenacity.wait_fixed(0.2),
+                retry_error_callback=lambda _state: False,
+            )
+            if again(lock):
                 return
-            if attempt == 0:
-                ended = conn.execute(
-                    query(QUERIES, "end_stale_relay_id_holder"),
-                    {
-                        "high": (key >> 32) & 0xFFFFFFFF,
-                        "low": key & 0xFFFFFFFF,
-                        "relay_id": self.settings.relay_id,
-                        "ttl": timedelta(seconds=self.settings.lease_ttl),
-                    },
-                ).fetchone()
-                if not (ended and ended[0]):
-                    break
-                log.warning("relay_stale_session_ended", relay_id=self.settings.relay_id)
-            time.sleep(0.2)  # a terminated backend releases its locks as it exits
         raise RelayIdInUse(
             f"another relay is connected with relay-id {self.settings.relay_id!r}; give each replica "
             "its own (the default, hostname-pid, is unique). Waiting for it to go away."

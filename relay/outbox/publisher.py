@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import tenacity
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.outbox.errors import Disposition, classify
@@ -148,20 +149,18 @@ class KafkaPublisher:
         # (bounded) until every partition has a leader. The first metadata answer for a topic that
         # auto-creation is about to make is "unknown", the same as when auto-creation is off; only an
         # answer still "unknown" after the wait means the topic is missing.
-        deadline = time.monotonic() + (self._topic_wait if patient else 0)
-        while True:
-            verdict, unknown = self._topic_verdict(topic)
-            if verdict is None or verdict.disposition is not Disposition.RETRY:
-                return verdict
-            if time.monotonic() >= deadline:
-                if unknown:
-                    waited = f" after {self._topic_wait:.0f}s" if patient else ""
-                    return Delivery(
-                        Disposition.TOPIC_BLOCKED, f"{verdict.reason}{waited} (is auto-creation off?)"
-                    )
-                return verdict
-            while_waiting()
-            time.sleep(0.2)
+        asking = tenacity.Retrying(
+            retry=tenacity.retry_if_result(lambda answer: _undecided(answer[0])),
+            stop=tenacity.stop_after_delay(self._topic_wait if patient else 0),
+            wait=tenacity.wait_fixed(0.2),
+            before_sleep=lambda _state: while_waiting(),
+            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+        )
+        verdict, unknown = asking(self._topic_verdict, topic)
+        if verdict is not None and _undecided(verdict) and unknown:
+            waited = f" after {self._topic_wait:.0f}s" if patient else ""
+            return Delivery(Disposition.TOPIC_BLOCKED, f"{verdict.reason}{waited} (is auto-creation off?)")
+        return verdict
 
     def _topic_verdict(self, topic: str) -> tuple[Delivery | None, bool]:
         """(verdict, whether the cluster says the topic does not exist)."""
@@ -209,3 +208,8 @@ class KafkaPublisher:
 
     def close(self, timeout: float) -> None:
         self._producer.flush(timeout)
+
+
+def _undecided(verdict: Delivery | None) -> bool:
+    """The cluster's answer about a topic may still change (not there yet, no leader yet): ask again."""
+    return verdict is not None and verdict.disposition is Disposition.RETRY

@@ -247,6 +247,43 @@ def test_a_second_replica_with_the_same_relay_id_waits_and_stopping_it_changes_n
     assert Counter(r.headers["id"].decode() for r in records) == Counter(ids), "each once"
 
 
+def test_a_stale_session_holding_our_relay_id_is_ended_and_the_relay_goes_on(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    """A session left over from this replica (after a network cut the server still thinks it alive) holds
+    the relay id's lock, and no replica of that id has heartbeaten: the relay ends that session, takes the
+    lock once the backend has gone, and publishes."""
+    from relay.core.db import advisory_key  # noqa: PLC0415
+
+    kind = f"stale{uuid.uuid4().hex[:6]}"
+    relay_id = f"stale-{uuid.uuid4().hex[:6]}"
+    leftover = psycopg.connect(
+        servers.database_url, autocommit=True, application_name=f"postbox-relay {relay_id}"
+    )
+    key = advisory_key("postbox.relay-id", f"{schema}:{relay_id}")
+    leftover.execute("SELECT pg_advisory_lock(%s)", (key,))
+    try:
+        with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, relay_id=relay_id) as relay:
+            wait_until(lambda: http_get(relay.metrics_port, "/readyz")[0] == 200, 30, what="the relay ready")
+            assert "relay_stale_session_ended" in relay.log()
+            assert "relay_id_in_use" not in relay.log(), "the lock was taken once the backend had gone"
+            ids = [str(enqueue(db, kind, "a", "Changed", {"i": i}, schema=schema)) for i in range(20)]
+            records = read_topic(servers.kafka_bootstrap, f"outbox.event.{kind}", expected=20)
+            assert relay.terminate() == 0
+        assert [r.headers["id"].decode() for r in records] == ids
+        assert _session_gone(leftover), "the leftover session was ended"
+    finally:
+        leftover.close()
+
+
+def _session_gone(conn: Conn) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return True
+    return False
+
+
 def test_a_lease_lost_mid_drain_costs_at_most_the_batches_in_flight(
     servers: Servers, schema: str, db: Conn
 ) -> None:
