@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from inbox.message import IdSource, Message
+from relay.core.db import DEFAULT_SCHEMA
 
 Transaction = psycopg.Connection[Any]
 Handler = Callable[[Transaction, Message], None]
@@ -52,7 +53,7 @@ class Inbox:
         retry_backoff: float = 0.2,
         dead_letter_topic: str | None = None,
         unhandled: str = "park",
-        schema: str = "postbox",
+        schema: str = DEFAULT_SCHEMA,
     ) -> None:
         if not consumer or len(consumer) > 200:
             raise ValueError("consumer: a name of 1-200 characters is required")

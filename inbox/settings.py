@@ -10,7 +10,9 @@ from datetime import timedelta
 from typing import ClassVar
 
 from inbox.consumer import ConsumerSettings
+from inbox.helpers import DEFAULT_INBOX_RETENTION
 from inbox.webhooks.config import ProviderSettings
+from inbox.webhooks.store import DEFAULT_WEBHOOK_RETENTION
 from relay.core.db import check_database_url
 from relay.core.settings import (
     DatabaseSettings,
@@ -70,7 +72,7 @@ class InboxPruneSettings(DatabaseSettings):
     """`postbox inbox prune`."""
 
     older_than: timedelta = setting(
-        timedelta(days=60),
+        DEFAULT_INBOX_RETENTION,
         "delete inbox rows older than this (keep it past the providers' replay windows)",
         env="POSTBOX_INBOX_RETENTION",
         bounds=(1, 1e9),
@@ -175,7 +177,7 @@ class WebhookPruneSettings(DatabaseSettings):
     """`postbox inbox prune-webhooks`."""
 
     older_than: timedelta = setting(
-        timedelta(days=60),
+        DEFAULT_WEBHOOK_RETENTION,
         "delete processed webhook rows older than this (keep it past the providers' replay windows)",
         env="POSTBOX_WEBHOOK_RETENTION",
         bounds=(1, 1e9),

@@ -25,7 +25,7 @@ from inbox.handlers import PermanentError
 from inbox.webhooks.store import WebhookStatus
 from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
-from relay.core.db import connect, database_unavailable, describe_error, storable_text
+from relay.core.db import DEFAULT_SCHEMA, connect, database_unavailable, describe_error, storable_text
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -63,7 +63,7 @@ class Webhooks:
         max_attempts: int = 8,
         visibility_timeout: float = 300.0,
         retry_backoff: float = 1.0,
-        schema: str = "postbox",
+        schema: str = DEFAULT_SCHEMA,
     ) -> None:
         if not 1 <= max_attempts <= 100:
             raise ValueError(f"max-attempts: {max_attempts} is outside 1..100")

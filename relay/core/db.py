@@ -18,6 +18,8 @@ def advisory_key(namespace: str, name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+DEFAULT_SCHEMA = "postbox"  # where `postbox migrate` puts the tables unless told otherwise
+
 # A network that silently drops packets (a partition, a dead NAT entry) would otherwise leave a libpq
 # client waiting for TCP retransmissions to give up, many minutes. These make a dead peer an error within
 # seconds, so the retry loops take over. A value given in the connection URL wins.

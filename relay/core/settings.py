@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
+from relay.core.db import DEFAULT_SCHEMA
 from relay.core.kafka_config import kafka_config_from
 from relay.core.redact import MASK, redact
 from relay.core.secrets import secret as read_secret
@@ -168,7 +169,7 @@ def shared_database_url() -> Any:
     )
 
 
-def shared_schema(default: str | None = "postbox") -> Any:
+def shared_schema(default: str | None = DEFAULT_SCHEMA) -> Any:
     shown = None if default else "the app's"
     return setting(
         default, "schema holding the postbox tables", parse=text, env="POSTBOX_SCHEMA", shown_default=shown

@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Consumer
 
+from relay.core.db import DEFAULT_SCHEMA
 from relay.core.migrate import migrate
 from relay.devstack.ports import free_port
 from relay.devstack.stack import StackInfo, local_stack
@@ -127,7 +128,7 @@ def _start_services(info: StackInfo, schema: str, logs: Path) -> tuple[subproces
     return relay, inbox
 
 
-def run_demo(duration: float, rate: float, schema: str = "postbox") -> int:
+def run_demo(duration: float, rate: float, schema: str = DEFAULT_SCHEMA) -> int:
     print(
         "starting a real PostgreSQL and Kafka (first start fetches the Kafka jars with Maven)...", flush=True
     )

@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from relay.core.db import DEFAULT_SCHEMA
+
 JsonValue = Any  # anything json.dumps accepts
 
 
@@ -93,7 +95,7 @@ def enqueue_many(
     conn_or_cursor: psycopg.Connection[Any] | psycopg.Cursor[Any],
     events: Iterable[OutboxEvent],
     *,
-    schema: str = "postbox",
+    schema: str = DEFAULT_SCHEMA,
 ) -> list[uuid.UUID]:
     """Insert several events with one statement, in the given order; returns their event ids."""
     rows = [_row(e) for e in events]  # validate everything before writing anything
@@ -120,7 +122,7 @@ def enqueue(
     topic: str | None = None,
     *,
     event_id: uuid.UUID | None = None,
-    schema: str = "postbox",
+    schema: str = DEFAULT_SCHEMA,
 ) -> uuid.UUID:
     """Insert one event in the caller's open transaction; returns its event id (the Kafka `id` header)."""
     event = OutboxEvent(
