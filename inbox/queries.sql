@@ -3,11 +3,13 @@
 -- name: claim_messages
 -- The whole poll in one statement. Rows already present (redelivery, another consumer instance) and
 -- repeats inside the batch are skipped; RETURNING names only the messages this transaction now owns.
+-- The arrays are sent in binary format: in text format psycopg quotes and escapes every element in Python,
+-- about a third of the claim's time at 500 ids.
 INSERT INTO inbox_message AS i (consumer, message_id, topic, kafka_partition, kafka_offset, message_key,
                                 processed_at)
 SELECT %(consumer)s, m.id, m.topic, m.part, m.off, m.key, now()
-FROM unnest(%(ids)s::text[], %(topics)s::text[], %(partitions)s::integer[], %(offsets)s::bigint[],
-            %(keys)s::bytea[]) AS m(id, topic, part, off, key)
+FROM unnest(%(ids)b::text[], %(topics)b::text[], %(partitions)b::integer[], %(offsets)b::bigint[],
+            %(keys)b::bytea[]) AS m(id, topic, part, off, key)
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING i.message_id
 

@@ -17,8 +17,11 @@ Debezium needs, so both tools see the same database):
   commit returning to a consumer receiving the message (so it includes the consumer's fetch; the broker's
   ack comes earlier): postbox with NOTIFY on and off, and Debezium;
 - resident memory (peak) and CPU seconds of each publishing process;
-- the inbox consumer with a handler that does nothing against a raw confluent-kafka consumer on the same
-  messages, and the webhook receiver under wrk with Stripe signatures checked (every request distinct).
+- the inbox consumer against its limit (the inbox's claim statement and commit, no Kafka) and against a
+  raw confluent-kafka consumer on the same messages, at batch sizes 100, 500 and 1000 with a handler that
+  does nothing, and at 500 with one that does one INSERT (`python -m tests.bench.profile_inbox` shows
+  where its time goes); the webhook receiver under wrk with Stripe signatures checked (every request
+  distinct).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import confluent_kafka
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from inbox.consumer import QUERIES as INBOX_QUERIES
 from inbox.webhooks.providers import stripe_signature_header
 from relay.core.migrate import migrate
 from relay.core.sql import query
@@ -56,10 +60,12 @@ from relay.devstack.postgres import LocalPostgres, find_bin_dir
 from relay.outbox import enqueue
 from relay.outbox.daemon import QUERIES
 from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES, RelaySettings
+from tests.apps.noop import SCHEMA_SQL as NOOP_SCHEMA_SQL
 from tests.debezium import DebeziumConnect, debezium_version
 from tests.support import STRIPE_SECRET, ChildProcess, InboxProcess, ReceiverProcess, create_topic, wait_until
 
 SCHEMA = "postbox"
+INBOX_BATCHES = (100, 500, 1000)
 WRITERS = 4  # one connection commits at most ~2k single-row transactions/s here (fsync-bound)
 PARTITIONS = 6
 
@@ -436,12 +442,58 @@ def bench_raw_consumer(s: Servers, topic: str, messages: int) -> float:
         consumer.close()
 
 
-def bench_inbox(s: Servers, topic: str, messages: int) -> tuple[float, float, float]:
-    """(messages/s into the inbox, peak RSS MB, CPU s): `postbox inbox consume` with a do-nothing handler,
+def bench_inbox_claim(s: Servers, messages: int, batch: int) -> float:
+    """The inbox's own limit: its claim statement (the consumer's `claim_messages`, arrays in binary as the
+    consumer sends them) and the commit, for batches of `batch` new message ids on one connection. No
+    Kafka, no handler; the parameters are built before the clock starts."""
+    s.fresh_schema()
+    claim = query(INBOX_QUERIES, "claim_messages")
+    batches = []
+    for first in range(0, messages, batch):
+        offsets = list(range(first, min(first + batch, messages)))
+        batches.append(
+            {
+                "consumer": "bench-limit",
+                "ids": [f"bench/{o % PARTITIONS}/{o}" for o in offsets],
+                "topics": ["bench"] * len(offsets),
+                "partitions": [o % PARTITIONS for o in offsets],
+                "offsets": offsets,
+                "keys": [b"o-%d" % (o % 1000) for o in offsets],
+            }
+        )
+    with psycopg.connect(s.postgres.dsn) as conn:
+        conn.execute(f"SET search_path TO {SCHEMA}")
+        conn.commit()
+        started = time.perf_counter()
+        for params in batches:
+            claimed = conn.execute(claim, params).fetchall()
+            conn.commit()
+            assert len(claimed) == len(params["ids"])
+        return messages / (time.perf_counter() - started)
+
+
+def bench_inbox(
+    s: Servers, topic: str, messages: int, batch: int = 500, app: str = "tests.apps.noop:inbox"
+) -> tuple[float, float, float]:
+    """(messages/s into the inbox, peak RSS MB, CPU s): `postbox inbox consume` with the app's handler,
     measured from its first claim row to its last (the database clock), so start-up is left out."""
     s.fresh_schema()
+    with psycopg.connect(s.postgres.dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {SCHEMA}")
+        conn.execute(NOOP_SCHEMA_SQL)
+    # A group of its own: the variants read the same topic, each from the start.
+    group = f"bench-inbox-{uuid.uuid4().hex[:6]}"
     with InboxProcess(
-        s.postgres.dsn, s.kafka.bootstrap, SCHEMA, "tests.apps.noop:inbox", [topic], log_level="info"
+        s.postgres.dsn,
+        s.kafka.bootstrap,
+        SCHEMA,
+        app,
+        [topic],
+        "--batch-size",
+        str(batch),
+        "--group-id",
+        group,
+        log_level="info",
     ) as inbox:
         with psycopg.connect(s.postgres.dsn, autocommit=True) as conn:
 
@@ -651,16 +703,27 @@ def main() -> int:
         if "consumers" in parts:
             messages = min(args.rows, 200_000)
             say(f"\n-- consumers: {messages:,} messages of 200 bytes, {PARTITIONS} partitions --")
-            raw, inbox = [], []
+            for batch in INBOX_BATCHES:
+                limits = repeat(args.runs, lambda b=batch: bench_inbox_claim(s, messages, b))
+                say(f"limit: inbox claim+commit msgs/s, batch {batch:4}, no Kafka {median_spread(limits)}")
+            variants = [(b, "tests.apps.noop:inbox", "no-op handler") for b in INBOX_BATCHES]
+            variants.append((500, "tests.apps.noop:writing", "one INSERT per message"))
+            raw: list[float] = []
+            inbox: dict[tuple[int, str, str], list[tuple[float, float, float]]] = {v: [] for v in variants}
             for _ in range(args.runs):
                 _, topic = bench_raw_producer(s, messages, payload_of(200))
                 raw.append(bench_raw_consumer(s, topic, messages))
-                inbox.append(bench_inbox(s, topic, messages))
+                for batch, app, _label in variants:
+                    inbox[batch, app, _label].append(bench_inbox(s, topic, messages, batch, app))
             say(f"raw confluent-kafka consumer msgs/s      {median_spread(raw)}")
-            say(
-                f"postbox inbox consume (no-op handler)    {median_spread([r[0] for r in inbox])}; "
-                f"peak RSS {max(r[1] for r in inbox):.0f} MB"
-            )
+            for (batch, _app, label), results in inbox.items():
+                cpu_per_message = statistics.median(r[2] for r in results) / messages * 1e6
+                peak = max(r[1] for r in results)
+                say(
+                    f"postbox inbox consume, batch {batch:4}, {label}: msgs/s "
+                    f"{median_spread([r[0] for r in results])}; peak RSS {peak:.0f} MB; "
+                    f"consumer CPU {cpu_per_message:.0f} us per message (start-up included)"
+                )
         if "webhooks" in parts:
             say("\n-- webhook receiver: Stripe events, signature checked, each distinct, wrk 2 threads --")
             for connections in (16, 64):

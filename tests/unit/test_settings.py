@@ -59,3 +59,18 @@ def test_rdkafka_env_and_flags() -> None:
     assert parse_kafka_config(["a.b=c=d"]) == {"a.b": "c=d"}
     with pytest.raises(ValueError, match="not key=value"):
         parse_kafka_config(["novalue"])
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("enable.auto.commit", "false"), ("enable.auto.commit", "true"), ("enable.auto.offset.store", "true")],
+)
+def test_the_inbox_owns_its_offset_settings(key: str, value: str) -> None:
+    """Offsets are stored after each batch's database commit; a pass-through that stored them earlier
+    (auto offset store) could skip a batch that was never applied, so neither key may be given."""
+    from inbox.consumer import ConsumerSettings  # noqa: PLC0415
+
+    with pytest.raises(SettingsError, match=f"kafka-config {key}: postbox stores each batch's offsets"):
+        ConsumerSettings(
+            database_url="postgresql://x", kafka_bootstrap="k:9092", topics=["t"], kafka_config={key: value}
+        )
