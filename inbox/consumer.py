@@ -29,7 +29,7 @@ from inbox.handlers import Inbox, PermanentError, Unhandled
 from inbox.message import Message, MessageIdMissing, event_type_of
 from inbox.metrics import InboxMetrics
 from relay.core.daemon import Daemon
-from relay.core.db import check_database_url, connect, database_unavailable, describe_error, storable_text
+from relay.core.db import connect, database_unavailable, describe_error, storable_text
 from relay.core.settings import (
     Settings,
     SettingsError,
@@ -75,10 +75,6 @@ class ConsumerSettings(Settings):
     poll_timeout: float = 1.0
 
     def check(self) -> None:
-        try:
-            check_database_url(self.database_url)
-        except ValueError as exc:
-            raise SettingsError(f"{self.label('database_url')}: {exc}") from None
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
             if key in self.kafka_config:
                 raise SettingsError(

@@ -13,7 +13,6 @@ from inbox.consumer import ConsumerSettings
 from inbox.helpers import DEFAULT_INBOX_RETENTION
 from inbox.webhooks.config import ProviderSettings
 from inbox.webhooks.store import DEFAULT_WEBHOOK_RETENTION
-from relay.core.db import check_database_url
 from relay.core.settings import (
     DatabaseSettings,
     Renamed,
@@ -102,13 +101,6 @@ class ServeSettings(ProviderSettings):
         bounds=(16, 100_000),
     )
     metrics_address: str | None = shared_metrics_address(None)
-
-    def check(self) -> None:
-        try:
-            check_database_url(self.database_url)
-        except ValueError as exc:
-            raise SettingsError(f"{self.label('database_url')}: {exc}") from None
-        super().check()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
-from relay.core.db import DEFAULT_SCHEMA
+from relay.core.db import DEFAULT_SCHEMA, check_database_url
 from relay.core.kafka_config import kafka_config_from
 from relay.core.redact import MASK, redact
 from relay.core.secrets import secret as read_secret
@@ -73,6 +73,8 @@ class Declaration:
     # called with the flag's values and the environment instead of `parse`.
     gather: Callable[[list[str], Mapping[str, str]], Any] | None = None
     metavar: str | None = None
+    # A check of a given (non-empty) value that raises ValueError, run however the settings are built.
+    validate: Callable[[Any], None] | None = None
 
 
 # -- value parsers: each raises ValueError with a message that reads after "<setting>: 'value' ..."
@@ -166,6 +168,7 @@ def shared_database_url() -> Any:
         env="POSTBOX_DATABASE_URL",
         secret=True,
         required=True,
+        validate=check_database_url,
     )
 
 
@@ -231,6 +234,11 @@ class Settings:
             value = getattr(self, item.name)
             if value is None or item.declaration.gather is not None:
                 continue
+            if item.declaration.validate is not None and value != "":
+                try:
+                    item.declaration.validate(value)
+                except ValueError as exc:
+                    raise SettingsError(f"{item.label}: {exc}") from None
             if item.declaration.choices and value not in item.declaration.choices:
                 raise SettingsError(
                     f"{item.label}: {value!r} is not one of {', '.join(item.declaration.choices)}"

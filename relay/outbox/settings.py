@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar
 
-from relay.core.db import check_database_url
 from relay.core.redact import redact
 from relay.core.settings import (
     DatabaseSettings,
@@ -142,10 +141,6 @@ class RelaySettings(Settings):
         return [f"  rdkafka {k} = {redact(k, str(v))}" for k, v in sorted(self.producer_config().items())]
 
     def check(self) -> None:
-        try:
-            check_database_url(self.database_url)
-        except ValueError as exc:
-            raise SettingsError(f"{self.label('database_url')}: {exc}") from None
         raw_max = self.kafka_config.get("message.max.bytes", str(DEFAULT_MESSAGE_MAX_BYTES))
         if not (raw_max.isascii() and raw_max.isdigit() and 1000 <= int(raw_max) <= 1_000_000_000):
             raise SettingsError(

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from relay.cli import build_parser
-from relay.core.settings import NO_DEFAULT, Settings, declared, load
+from relay.core.settings import NO_DEFAULT, Settings, SettingsError, declared, load
 
 SHARED = {
     "POSTBOX_DATABASE_URL",
@@ -110,3 +110,30 @@ def test_the_declared_defaults_are_valid(
         "POSTBOX_WEBHOOK_STRIPE_SECRETS": "whsec_x",
     }
     load(cls, None, environ)
+
+
+@pytest.mark.parametrize(
+    ("path", "parser", "cls"),
+    [found for found in with_settings() if any(item.name == "database_url" for item in declared(found[2]))],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_malformed_database_url_is_refused_by_every_command_that_takes_one(
+    path: str, parser: argparse.ArgumentParser, cls: type[Settings]
+) -> None:
+    """The URL check belongs to the shared declaration, so no command can forget it (migrate and status
+    had none); the message names the setting and never shows the password."""
+    required = {item.env: "x:1" for item in declared(cls) if item.declaration.required}
+    environ = {
+        **required,
+        "POSTBOX_DATABASE_URL": "postgresql://app:hun%zzter2@db/x",
+        "POSTBOX_INBOX_TOPICS": "t",
+        "POSTBOX_INBOX_APP": "m:a",
+        "POSTBOX_WEBHOOK_APP": "m:a",
+        "POSTBOX_WEBHOOK_RECONCILER": "m:a",
+        "POSTBOX_WEBHOOK_STRIPE_SECRETS": "whsec_x",
+    }
+    with pytest.raises(
+        SettingsError, match=r"--database-url \(POSTBOX_DATABASE_URL\): .*not a valid"
+    ) as refused:
+        load(cls, None, environ)
+    assert "hun%zzter2" not in str(refused.value)
