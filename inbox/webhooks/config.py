@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from inbox.webhooks.providers import GenericHmac, Marqeta, Provider, Shopify, Stripe
-from relay.core.secrets import secret_list
+from relay.core.secrets import comma_list, secret_list
 from relay.core.settings import (
     MissingSetting,
     Renamed,
     Settings,
     SettingsError,
-    comma_list,
     load,
     setting,
 )

@@ -31,12 +31,17 @@ def secret(name: str, environ: dict[str, str] | None = None) -> str | None:
     return value
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """Comma- or newline-separated items (a secret file holds one per line while rotating)."""
+    return tuple(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
+
+
 def secret_list(name: str, environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """Several secrets (rotation): comma- or newline-separated."""
     raw = secret(name, environ)
     if raw is None:
         return ()
-    found = tuple(part.strip() for part in raw.replace("\n", ",").split(",") if part.strip())
+    found = comma_list(raw)
     if not found:
         raise ValueError(f"{name}: no secret in {raw!r}")
     return found

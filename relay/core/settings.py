@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from relay.core.db import DEFAULT_SCHEMA, check_database_url
 from relay.core.kafka_config import kafka_config_from
 from relay.core.redact import MASK, redact
+from relay.core.secrets import comma_list
 from relay.core.secrets import secret as read_secret
 
 _KEY = "postbox.setting"
@@ -119,11 +120,6 @@ def duration(text: str) -> timedelta:
         return timedelta(seconds=float(text[:-1]) * scale if scale else float(text))
     except (ValueError, OverflowError):  # OverflowError: 1e20 or inf (found by the fuzzer)
         raise ValueError("is not a duration like 90s, 15m, 36h or 7d") from None
-
-
-def comma_list(text: str) -> tuple[str, ...]:
-    """Comma- or newline-separated items (a secret file holds one per line while rotating)."""
-    return tuple(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
 
 
 def secret_list(text: str) -> tuple[str, ...]:

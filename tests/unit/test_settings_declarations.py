@@ -92,6 +92,20 @@ def test_a_variable_means_one_thing_wherever_it_is_read() -> None:
                 )
 
 
+def minimal_environment(cls: type[Settings], database_url: str) -> dict[str, str]:
+    """Only what `cls` requires (each command's own required settings), with this database URL."""
+    required = {item.env: "x:1" for item in declared(cls) if item.declaration.required}
+    return {
+        **required,
+        "POSTBOX_DATABASE_URL": database_url,
+        "POSTBOX_INBOX_TOPICS": "t",
+        "POSTBOX_INBOX_APP": "m:a",
+        "POSTBOX_WEBHOOK_APP": "m:a",
+        "POSTBOX_WEBHOOK_RECONCILER": "m:a",
+        "POSTBOX_WEBHOOK_STRIPE_SECRETS": "whsec_x",
+    }
+
+
 @pytest.mark.parametrize(
     ("path", "parser", "cls"), with_settings(), ids=lambda v: v if isinstance(v, str) else ""
 )
@@ -99,17 +113,7 @@ def test_the_declared_defaults_are_valid(
     path: str, parser: argparse.ArgumentParser, cls: type[Settings]
 ) -> None:
     """With only the required settings given, each command's settings build: no default breaks a bound."""
-    required = {item.env: "x:1" for item in declared(cls) if item.declaration.required}
-    environ = {
-        **required,
-        "POSTBOX_DATABASE_URL": "postgresql://db/x",
-        "POSTBOX_INBOX_TOPICS": "t",
-        "POSTBOX_INBOX_APP": "m:a",
-        "POSTBOX_WEBHOOK_APP": "m:a",
-        "POSTBOX_WEBHOOK_RECONCILER": "m:a",
-        "POSTBOX_WEBHOOK_STRIPE_SECRETS": "whsec_x",
-    }
-    load(cls, None, environ)
+    load(cls, None, minimal_environment(cls, "postgresql://db/x"))
 
 
 @pytest.mark.parametrize(
@@ -122,16 +126,7 @@ def test_a_malformed_database_url_is_refused_by_every_command_that_takes_one(
 ) -> None:
     """The URL check belongs to the shared declaration, so no command can forget it (migrate and status
     had none); the message names the setting and never shows the password."""
-    required = {item.env: "x:1" for item in declared(cls) if item.declaration.required}
-    environ = {
-        **required,
-        "POSTBOX_DATABASE_URL": "postgresql://app:hun%zzter2@db/x",
-        "POSTBOX_INBOX_TOPICS": "t",
-        "POSTBOX_INBOX_APP": "m:a",
-        "POSTBOX_WEBHOOK_APP": "m:a",
-        "POSTBOX_WEBHOOK_RECONCILER": "m:a",
-        "POSTBOX_WEBHOOK_STRIPE_SECRETS": "whsec_x",
-    }
+    environ = minimal_environment(cls, "postgresql://app:hun%zzter2@db/x")
     with pytest.raises(
         SettingsError, match=r"--database-url \(POSTBOX_DATABASE_URL\): .*not a valid"
     ) as refused:
