@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 from typing import Any, TypeVar
 
-from relay.core.settings import DatabaseSettings, Settings, add_flags
+from relay.core.settings import DatabaseSettings, Settings, add_flags, load
 
 T = TypeVar("T")
 
@@ -160,29 +161,84 @@ def _graceful_server_class() -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    import uvicorn  # noqa: PLC0415
-    from prometheus_client import CollectorRegistry  # noqa: PLC0415
-    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
-
     from inbox.webhooks.config import providers_from  # noqa: PLC0415
-    from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver  # noqa: PLC0415
-    from inbox.webhooks.serving import (  # noqa: PLC0415
-        SlowClientMetrics,
-        connection_limit,
-        protocol_with_header_deadline,
-    )
-    from relay.core.db import liveness_options  # noqa: PLC0415
+    from inbox.webhooks.serving import connection_limit  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
-        providers = providers_from(settings, os.environ)
+        providers_from(settings, os.environ)  # checked here, so a bad secret fails the start at once
     except ValueError as exc:
         parser.error(str(exc))
     try:
         max_connections = connection_limit(settings.max_connections)
     except ValueError as exc:
         parser.error(f"{settings.label('max_connections')}: {exc}")
-    registry = CollectorRegistry()
+    if settings.workers == 1:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+        registry = CollectorRegistry()
+        app, server = _receiver(settings, max_connections, registry)
+        # The receiver answers /healthz and /readyz on the webhook port itself; the metrics port gives the
+        # same readiness (database reachable within a short timeout). Liveness there is the process
+        # answering.
+        with serving(settings.metrics_address, registry, lambda: (True, "ok"), app.ready):
+            server.run()
+        return 0
+
+    from inbox.webhooks.processes import ReceiverProcesses, listening_socket, shared_metrics  # noqa: PLC0415
+    from relay.core.logging import LoggingSettings  # noqa: PLC0415
+
+    logging = load(LoggingSettings, args, os.environ).settings
+    try:
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        raise SystemExit(
+            f"postbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+        ) from None
+    target = functools.partial(_serve_on, settings, max_connections, logging.format, logging.level)
+    with shared_metrics() as registry:
+        processes = ReceiverProcesses(target, sock, settings.workers, lambda: _database_answers(settings))
+        processes.install_signal_handlers()
+        with serving(settings.metrics_address, registry, processes.healthy, processes.ready):
+            return processes.run()
+
+
+def _serve_on(settings: Any, max_connections: int, log_format: str, log_level: str, sock: Any) -> None:
+    """One of `--workers` receiver processes, on the socket its parent bound (inbox.webhooks.processes)."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from relay.core.logging import configure_logging  # noqa: PLC0415
+
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    _, server = _receiver(settings, max_connections, CollectorRegistry())  # counted in the parent's files
+    server.run(sockets=[sock])
+
+
+def _database_answers(settings: Any) -> tuple[bool, str]:
+    import psycopg  # noqa: PLC0415
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
+
+    from relay.core.db import describe_error, liveness_options  # noqa: PLC0415
+
+    conninfo = make_conninfo(settings.database_url, **liveness_options(settings.database_url))
+    try:
+        with psycopg.connect(conninfo, connect_timeout=2, application_name="postbox-webhooks") as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return False, f"database unavailable: {describe_error(exc)[:200]}"
+    return True, "ok"
+
+
+def _receiver(settings: Any, max_connections: int, registry: Any) -> tuple[Any, Any]:
+    """The receiver app and the uvicorn server that runs it, its metrics in `registry`."""
+    import uvicorn  # noqa: PLC0415
+    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
+
+    from inbox.webhooks.config import providers_from  # noqa: PLC0415
+    from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver, autocommit_in  # noqa: PLC0415
+    from inbox.webhooks.serving import SlowClientMetrics, protocol_with_header_deadline  # noqa: PLC0415
+    from relay.core.db import liveness_options  # noqa: PLC0415
+
     # open=False: the pool opens in the app's lifespan, inside uvicorn's event loop. A database that is
     # down at start is not fatal: requests answer 503 until it is back.
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -192,11 +248,11 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         open=False,
         timeout=5.0,
         kwargs={"application_name": "postbox-webhooks", **liveness_options(settings.database_url)},
+        configure=autocommit_in(settings.schema),
     )
     app = WebhookReceiver(
-        providers,
+        providers_from(settings, os.environ),
         pool,
-        settings.schema,
         ReceiverMetrics(registry),
         settings.max_body_bytes,
         read_timeout=settings.read_timeout,
@@ -208,16 +264,13 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         lifespan="on",
         access_log=False,
         log_level="warning",
+        loop="uvloop",
         http=protocol_with_header_deadline(
             settings.read_timeout, SlowClientMetrics(registry), max_waiting=max(8, max_connections // 2)
         ),
         limit_concurrency=max_connections,
     )
-    # The receiver answers /healthz and /readyz on the webhook port itself; the metrics port gives the same
-    # readiness (database reachable within a short timeout). Liveness there is the process answering.
-    with serving(settings.metrics_address, registry, lambda: (True, "ok"), app.ready):
-        _graceful_server_class()(config).run()
-    return 0
+    return app, _graceful_server_class()(config)
 
 
 def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:

@@ -89,7 +89,12 @@ class ServeSettings(ProviderSettings):
     host: str = setting("0.0.0.0", "address to listen on")  # noqa: S104
     port: int = setting(8080, "port for the webhook routes", bounds=(0, 65_535))
     max_body_bytes: int = setting(1 << 20, "larger bodies get 413", bounds=(1024, 1 << 30))
-    pool_size: int = setting(10, "database connections", bounds=(1, 1000))
+    pool_size: int = setting(10, "database connections (per process)", bounds=(1, 1000))
+    workers: int = setting(
+        1,
+        "receiver processes sharing the port, each with its own pool (not the `inbox work` webhook workers)",
+        bounds=(1, 64),
+    )
     read_timeout: float = setting(
         10.0,
         "seconds a client may take to send a request's headers, and again its body (else 408)",
@@ -97,7 +102,7 @@ class ServeSettings(ProviderSettings):
     )
     max_connections: int = setting(
         1000,
-        "connections and requests at once; past it, 503 (kept below the file-descriptor limit)",
+        "connections and requests at once, per process; past it, 503 (kept below the file-descriptor limit)",
         bounds=(16, 100_000),
     )
     metrics_address: str | None = shared_metrics_address(None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -100,6 +101,16 @@ class ChildProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def process_tree(self) -> list[int]:
+        """This process's id and its descendants' (a receiver with --workers forks its workers)."""
+        found, index = [self.process.pid], 0
+        while index < len(found):
+            with contextlib.suppress(OSError):
+                for task in Path(f"/proc/{found[index]}/task").iterdir():
+                    found.extend(int(c) for c in (task / "children").read_text().split())
+            index += 1
+        return found
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -337,6 +348,16 @@ class ReceiverProcess(ChildProcess):
         )
         wait_until(lambda: self.process.poll() is not None or self._answers(), 30, what="the receiver")
         assert self.process.poll() is None, self.log()
+
+    def serving_pids(self) -> list[int]:
+        """The processes that serve requests: this one, or with --workers the ones it started
+        (multiprocessing's spawn; its resource tracker, also a child, serves nothing)."""
+        started = []
+        for pid in self.process_tree()[1:]:
+            with contextlib.suppress(OSError):  # gone since the listing
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    started.append(pid)
+        return started or [self.process.pid]
 
     def _answers(self) -> bool:
         import urllib.request  # noqa: PLC0415

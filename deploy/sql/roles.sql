@@ -53,10 +53,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox
 GRANT SELECT, INSERT, UPDATE (status, error, attempts) ON :"schema".inbox_message TO postbox_inbox;
 
 -- The webhook receiver (and `postbox inbox reconcile`): stores verified events, reads nothing back but
--- the ids its insert returns.
+-- the keys its insert returns (provider and id: one statement stores the events of several requests).
 GRANT INSERT (provider, event_id, event_type, payload, headers, twin_key) ON :"schema".webhook_inbox
     TO postbox_webhook_receiver;
-GRANT SELECT (event_id) ON :"schema".webhook_inbox TO postbox_webhook_receiver;
+GRANT SELECT (provider, event_id) ON :"schema".webhook_inbox TO postbox_webhook_receiver;
 
 -- The webhook worker: claims, finishes and reaps events. Grant it your handlers' tables as above.
 GRANT SELECT, UPDATE (status, attempts, last_error, not_before, locked_at, processed_at)

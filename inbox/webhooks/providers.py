@@ -42,6 +42,10 @@ class IncomingEvent:
     payload: Any
     twin_key: str | None = None  # a second dedup layer (Stripe's twin events)
     headers: dict[str, str] = field(default_factory=dict)
+    # The payload's JSON as the provider sent it, when it is the whole body: stored as it is (jsonb parses
+    # it) rather than serialised again from Python, which cost time and rounded numbers through float
+    # (an amount of 12345678901234567.89 stays exact in jsonb's numeric).
+    payload_json: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for label, value in (("id", self.event_id), ("type", self.event_type)):
@@ -94,6 +98,16 @@ def _json(body: bytes) -> Any:
     if b"\\u" in body:
         _check_strings(document)
     return document
+
+
+def _text(body: bytes) -> str | None:
+    """A body that _json accepted, as text for jsonb; None when only its parsed form can be stored (json
+    also reads UTF-16 and UTF-32, and a byte-order mark, which jsonb refuses)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if text.startswith("\ufeff") else text
 
 
 def _check_strings(document: Any) -> None:
@@ -183,10 +197,10 @@ class Stripe:
             raise SignatureError("no Stripe v1 signature matches")
 
     def events(self, headers: Headers, body: bytes) -> list[IncomingEvent]:
-        return [stripe_event(_json(body), self.name)]
+        return [stripe_event(_json(body), self.name, payload_json=_text(body))]
 
 
-def stripe_event(event: Any, provider: str = "stripe") -> IncomingEvent:
+def stripe_event(event: Any, provider: str = "stripe", payload_json: str | None = None) -> IncomingEvent:
     """An inbox row for one Stripe Event object (from a webhook or from the API)."""
     if (
         not isinstance(event, dict)
@@ -202,7 +216,7 @@ def stripe_event(event: Any, provider: str = "stripe") -> IncomingEvent:
         # the key: only a second event for the same change of the same object is a twin.
         digest = hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:32]
         twin = f"{event['type']}:{obj['id']}:{digest}"
-    return IncomingEvent(provider, event["id"], event["type"], event, twin)
+    return IncomingEvent(provider, event["id"], event["type"], event, twin, payload_json=payload_json)
 
 
 def stripe_signature_header(secret: str, body: bytes, timestamp: int) -> str:
@@ -259,7 +273,17 @@ class Shopify:
         if not webhook_id or not topic:
             raise MalformedWebhook("X-Shopify-Webhook-Id and X-Shopify-Topic are required")
         kept = {name: headers[name] for name in SHOPIFY_KEPT_HEADERS if name in headers}
-        return [IncomingEvent(self.name, webhook_id, topic, _json(body), body_key(body), headers=kept)]
+        return [
+            IncomingEvent(
+                self.name,
+                webhook_id,
+                topic,
+                _json(body),
+                body_key(body),
+                headers=kept,
+                payload_json=_text(body),
+            )
+        ]
 
 
 # -- Marqeta --------------------------------------------------------------------------------------------
@@ -386,5 +410,6 @@ class GenericHmac:
                 self._pick(self.type_from, headers, payload),
                 payload,
                 body_key(body),
+                payload_json=_text(body),
             )
         ]

@@ -35,7 +35,7 @@ def insert_params(events: Sequence[IncomingEvent]) -> dict[str, list[Any]]:
         "providers": [e.provider for e in events],
         "ids": [e.event_id for e in events],
         "types": [e.event_type for e in events],
-        "payloads": [json.dumps(e.payload) for e in events],
+        "payloads": [e.payload_json if e.payload_json is not None else json.dumps(e.payload) for e in events],
         "headers": [json.dumps(e.headers) for e in events],
         "twins": [e.twin_key for e in events],
     }

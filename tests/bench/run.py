@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -66,6 +67,7 @@ from tests.support import STRIPE_SECRET, ChildProcess, InboxProcess, ReceiverPro
 
 SCHEMA = "postbox"
 INBOX_BATCHES = (100, 500, 1000)
+WEBHOOK_CONNECTIONS = (16, 64, 256)
 WRITERS = 4  # one connection commits at most ~2k single-row transactions/s here (fsync-bound)
 PARTITIONS = 6
 
@@ -75,12 +77,14 @@ def payload_of(size: int) -> str:
     return json.dumps({"order": "o-1", "status": "placed", "pad": "x" * max(0, size - 40)})
 
 
-def median_spread(values: list[float]) -> str:
+def median_spread(values: list[float], decimals: int = 0) -> str:
+    def show(value: float) -> str:
+        return f"{value:,.{decimals}f}"
+
     if len(values) == 1:
-        return f"{values[0]:,.0f}"
-    return (
-        f"{statistics.median(values):,.0f} (min {min(values):,.0f}, max {max(values):,.0f}, n={len(values)})"
-    )
+        return show(values[0])
+    spread = f"min {show(min(values))}, max {show(max(values))}, n={len(values)}"
+    return f"{show(statistics.median(values))} ({spread})"
 
 
 @dataclass
@@ -536,13 +540,9 @@ end
 """
 
 
-def bench_webhooks(s: Servers, seconds: int, connections: int, events: int) -> tuple[float, int, int, str]:
-    """(requests/s, HTTP 2xx answered, distinct events stored, wrk's latency line): the receiver under wrk,
-    every request a distinct Stripe event with a valid signature, so each is verified and inserted."""
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise SystemExit("wrk is needed for the webhook benchmark: apt-get install wrk")
-    s.fresh_schema()
+def signed_stripe_requests(events: int) -> Path:
+    """A folder holding `events` distinct, correctly signed Stripe events and the wrk script that cycles
+    through them (the caller removes it)."""
     folder = Path(tempfile.mkdtemp(prefix="postbox-wrk-"))
     now = int(time.time())
     with (folder / "requests.tsv").open("w") as out:
@@ -558,26 +558,30 @@ def bench_webhooks(s: Servers, seconds: int, connections: int, events: int) -> t
             )
             out.write(f"{stripe_signature_header(STRIPE_SECRET, body.encode(), now)}\t{body}\n")
     (folder / "bench.lua").write_text(WRK_SCRIPT % {"requests": folder / "requests.tsv", "threads": 2})
-    with ReceiverProcess(s.postgres.dsn, SCHEMA, log_level="info") as receiver:
-        result = subprocess.run(
-            [
-                wrk,
-                "-t2",
-                f"-c{connections}",
-                f"-d{seconds}s",
-                "--latency",
-                "-s",
-                str(folder / "bench.lua"),
-                receiver.url,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        peak, _ = process_usage(receiver.process.pid)
-        assert receiver.terminate() == 0
-    shutil.rmtree(folder, ignore_errors=True)
-    report = result.stdout
+    return folder
+
+
+@dataclass
+class WrkResult:
+    rate: float  # requests/s
+    answered_2xx: int
+    p50_ms: float
+    p99_ms: float
+    cpu_seconds: float  # wrk's own
+
+
+def run_wrk(url: str, folder: Path, connections: int, seconds: int) -> WrkResult:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is needed for the webhook benchmark: apt-get install wrk")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    report = subprocess.run(
+        [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(folder / "bench.lua"), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
 
     def number(pattern: str) -> str:
         found = re.search(pattern, report, re.MULTILINE)
@@ -585,19 +589,105 @@ def bench_webhooks(s: Servers, seconds: int, connections: int, events: int) -> t
             raise RuntimeError(f"wrk printed no {pattern!r}:\n{report}")
         return found.group(1)
 
-    rate, total = float(number(r"Requests/sec:\s+([\d.]+)")), int(number(r"(\d+) requests in"))
+    def milliseconds(text: str) -> float:
+        value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+    total = int(number(r"(\d+) requests in"))
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", report)
-    p50, p99 = number(r"^\s+50%\s+(\S+)"), number(r"^\s+99%\s+(\S+)")
-    latency = f"p50 {p50} p99 {p99}"
+    return WrkResult(
+        rate=float(number(r"Requests/sec:\s+([\d.]+)")),
+        answered_2xx=total - (int(non_2xx.group(1)) if non_2xx else 0),
+        p50_ms=milliseconds(number(r"^\s+50%\s+(\S+)")),
+        p99_ms=milliseconds(number(r"^\s+99%\s+(\S+)")),
+        cpu_seconds=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+    )
+
+
+@dataclass
+class WebhookRun:
+    wrk: WrkResult
+    stored: int  # distinct events in the webhook inbox afterwards
+    peak_mb: float  # the largest receiver process's peak RSS
+    receiver_cpu: float  # seconds, all its processes, while wrk ran
+    machine_cpu: float  # seconds, every process on the machine, while wrk ran
+
+
+def workers_flag(workers: int) -> tuple[str, ...]:
+    return ("--workers", str(workers)) if workers != 1 else ()
+
+
+def receiver_cpu(receiver: ReceiverProcess) -> float:
+    return sum(process_usage(pid)[1] for pid in receiver.process_tree())
+
+
+def bench_webhooks(s: Servers, seconds: int, connections: int, events: int, workers: int = 1) -> WebhookRun:
+    """The receiver under wrk, every request a distinct Stripe event with a valid signature, so each is
+    verified and inserted; afterwards, how many events the database holds."""
+    s.fresh_schema()
+    folder = signed_stripe_requests(events)
+    try:
+        with ReceiverProcess(s.postgres.dsn, SCHEMA, *workers_flag(workers), log_level="info") as receiver:
+            cpu_before, machine_before = receiver_cpu(receiver), machine_busy_seconds()
+            result = run_wrk(receiver.url, folder, connections, seconds)
+            cpu, machine = receiver_cpu(receiver) - cpu_before, machine_busy_seconds() - machine_before
+            peak = max(process_usage(pid)[0] for pid in receiver.process_tree())
+            assert receiver.terminate() == 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     with psycopg.connect(s.postgres.dsn) as conn:
         row = conn.execute("SELECT count(*) FROM postbox.webhook_inbox").fetchone()
-    stored = int(row[0]) if row else 0
-    return (
-        rate,
-        total - (int(non_2xx.group(1)) if non_2xx else 0),
-        stored,
-        f"{latency}; peak RSS {peak:.0f} MB",
-    )
+    return WebhookRun(result, int(row[0]) if row else 0, peak, cpu, machine)
+
+
+# pgbench reads :name as a variable even inside a string, hence chr(58) for the twin key's colons.
+PGBENCH_INSERT = """\
+\\set n random(1, 1000000000000)
+INSERT INTO postbox.webhook_inbox (provider, event_id, event_type, payload, headers, twin_key)
+SELECT 'stripe', 'evt_limit_' || n, 'payment_intent.succeeded',
+       ('{"id": "evt_limit_' || n || '", "object": "event", "type": "payment_intent.succeeded", '
+        '"created": 1800000000, "data": {"object": {"id": "pi_' || n || '", "object": "payment_intent", '
+        '"amount": 1000}}}')::jsonb,
+       '{}'::jsonb, concat_ws(chr(58), 'payment_intent.succeeded', 'pi_' || n, '0123456789abcdef')
+FROM (SELECT CAST(:n AS bigint) AS n) AS chosen
+ON CONFLICT DO NOTHING
+RETURNING provider, event_id;
+"""
+
+
+def bench_webhook_insert_limit(s: Servers, connections: int, seconds: int) -> float:
+    """Statements/s of the receiver's durable write with no HTTP and no Python: one Stripe-sized event
+    per statement and per commit (autocommit), from `connections` pgbench clients."""
+    s.fresh_schema()
+    folder = Path(tempfile.mkdtemp(prefix="postbox-pgbench-"))
+    try:
+        (folder / "insert.sql").write_text(PGBENCH_INSERT)
+        report = subprocess.run(
+            [
+                str(Path(find_bin_dir(), "pgbench")),
+                "--no-vacuum",
+                f"--client={connections}",
+                "--jobs=2",
+                f"--time={seconds}",
+                "--protocol=prepared",
+                f"--file={folder / 'insert.sql'}",
+                s.postgres.dsn,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    found = re.search(r"tps = ([\d.]+)", report)
+    if found is None:
+        raise RuntimeError(f"pgbench printed no tps:\n{report}")
+    return float(found.group(1))
+
+
+def per_request(runs: list[WebhookRun], seconds: Callable[[WebhookRun], float]) -> str:
+    """The median over runs of CPU microseconds per answered request."""
+    return f"{statistics.median(seconds(r) / max(1, r.wrk.answered_2xx) for r in runs) * 1e6:.0f} us"
 
 
 def repeat(runs: int, measure: Callable[[], float]) -> list[float]:
@@ -630,7 +720,9 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     tools = ["postbox"] if args.no_debezium else ["postbox", "debezium"]
-    postgres = LocalPostgres(find_bin_dir(), settings={"wal_level": "logical"}).start()
+    postgres = LocalPostgres(
+        find_bin_dir(), settings={"wal_level": "logical", "max_connections": "300"}
+    ).start()
     kafka = LocalKafka(default_partitions=PARTITIONS).start()
     s = Servers(postgres, kafka)
 
@@ -640,7 +732,8 @@ def main() -> int:
     try:
         say(
             f"setup: {os.cpu_count()} cores, Python {platform.python_version()}, PostgreSQL "
-            f"{postgres.server_version()} (fsync on, wal_level=logical, else defaults), Kafka "
+            f"{postgres.server_version()} (fsync on, wal_level=logical, max_connections 300, else defaults), "
+            f"Kafka "
             f"{kafka_version()} (1 KRaft node, {PARTITIONS} partitions), librdkafka "
             f"{confluent_kafka.libversion()[0]}; relay defaults: batch {args.relay_batch_size}, acks=all, "
             f"idempotence, lz4, linger.ms 5, log level info; Debezium {debezium_version()} in Kafka Connect "
@@ -725,14 +818,34 @@ def main() -> int:
                     f"consumer CPU {cpu_per_message:.0f} us per message (start-up included)"
                 )
         if "webhooks" in parts:
-            say("\n-- webhook receiver: Stripe events, signature checked, each distinct, wrk 2 threads --")
-            for connections in (16, 64):
-                answers = [bench_webhooks(s, 15, connections, 60_000) for _ in range(args.runs)]
+            say(
+                "\n-- webhook receiver: distinct Stripe events, each signature checked, each stored before "
+                "its 200; wrk 2 threads, 15 s per run --"
+            )
+            for connections in WEBHOOK_CONNECTIONS:
+                limits = repeat(args.runs, lambda c=connections: bench_webhook_insert_limit(s, c, 10))
                 say(
-                    f"{connections} connections: requests/s {median_spread([r[0] for r in answers])}; "
-                    f"last run: {answers[-1][1]:,} answered 2xx, {answers[-1][2]:,} stored, "
-                    f"latency {answers[-1][3]}"
+                    f"limit: one-event insert+commit/s, {connections:3} connections, no HTTP (pgbench) "
+                    f"{median_spread(limits)}"
                 )
+            for workers in (1, 2):
+                for connections in WEBHOOK_CONNECTIONS:
+                    runs = [bench_webhooks(s, 15, connections, 100_000, workers) for _ in range(args.runs)]
+                    served = sum(r.wrk.answered_2xx for r in runs)
+                    # Each request is a distinct event, so every 2xx must have left a row (more rows than
+                    # answers is fine: requests still in flight when wrk stopped were stored unanswered).
+                    lost = sum(max(0, r.wrk.answered_2xx - r.stored) for r in runs)
+                    say(
+                        f"{workers} process{'es' if workers > 1 else '  '}, {connections:3} connections: "
+                        f"requests/s {median_spread([r.wrk.rate for r in runs])}; "
+                        f"p50 {statistics.median(r.wrk.p50_ms for r in runs):.1f} ms, "
+                        f"p99 {median_spread([r.wrk.p99_ms for r in runs], 1)} ms; "
+                        f"CPU per request: receiver {per_request(runs, lambda r: r.receiver_cpu)}, "
+                        f"wrk {per_request(runs, lambda r: r.wrk.cpu_seconds)}, "
+                        f"whole machine {per_request(runs, lambda r: r.machine_cpu)}; "
+                        f"peak RSS {max(r.peak_mb for r in runs):.0f} MB; "
+                        f"{served:,} answered 2xx, {lost} of them not stored"
+                    )
     finally:
         kafka.stop()
         postgres.stop()

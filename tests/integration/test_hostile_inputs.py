@@ -414,6 +414,8 @@ def test_signed_bodies_postgres_cannot_store_and_absurd_signatures_are_counted_4
         "lone surrogate": f'{{"id": "evt_sur", "type": "t", "note": "{secret_text}\\ud800"}}',
         "NaN": f'{{"id": "evt_nan", "type": "t", "note": "{secret_text}", "n": NaN}}',
         "1e400": f'{{"id": "evt_big", "type": "t", "note": "{secret_text}", "n": 1e400}}',
+        # a double (0.0) but past jsonb's numeric scale: PostgreSQL refuses it, the request alone gets 400
+        "1e-20000": f'{{"id": "evt_tiny", "type": "t", "note": "{secret_text}", "n": 1e-20000}}',
         "a 3,000-byte id": json.dumps({"id": "e" * 3000, "type": "t", "note": secret_text}),
         "a 3,000-byte type": json.dumps({"id": "evt_type", "type": "t" * 3000}),
     }
@@ -431,7 +433,7 @@ def test_signed_bodies_postgres_cannot_store_and_absurd_signatures_are_counted_4
     stored = db.execute("SELECT event_id FROM webhook_inbox").fetchall()
     assert stored == [("evt_good",)], "nothing of a refused request is stored"
     _, metrics = http_get(receiver.metrics_port, "/metrics")
-    assert metric_value(metrics, "postbox_webhook_requests_total", provider="stripe", outcome="400") == 6
+    assert metric_value(metrics, "postbox_webhook_requests_total", provider="stripe", outcome="400") == 7
     assert metric_value(metrics, "postbox_webhook_requests_total", provider="stripe", outcome="401") == 2
     assert metric_value(metrics, "postbox_webhook_requests_total", provider="stripe", outcome="500") == 0
     assert secret_text not in receiver.log(), "no payload text in the logs"

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ import pytest
 from inbox.webhooks.providers import stripe_signature_header
 from inbox.webhooks.reconcile import StripeReconciler, reconcile
 from relay.core.migrate import migrate
+from relay.devstack.ports import free_port
 from tests.apps.hooks import SCHEMA_SQL
 from tests.servers import Servers
 from tests.support import (
@@ -28,6 +30,8 @@ from tests.support import (
     STRIPE_SECRET,
     ReceiverProcess,
     WorkerProcess,
+    http_get,
+    metric_value,
     wait_until,
 )
 
@@ -330,3 +334,44 @@ def test_reconciliation_with_the_stripe_library_adds_only_what_the_webhooks_miss
     finally:
         server.shutdown()
     assert sorted(str(r[1]) for r in rows(db)) == sorted([delivered["id"], missed["id"]])
+
+
+def test_requests_arriving_together_share_statements_and_each_gets_its_own_answer(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    metrics_port = free_port()
+    distinct = [stripe_body(event_id=f"evt_group_{i}") for i in range(120)]
+    # Signed and valid JSON, but jsonb cannot hold the number: PostgreSQL refuses the statement holding it.
+    refused = b'{"id": "evt_refused", "object": "event", "type": "invoice.paid", "n": 1e-20000}'
+    bodies = [*distinct, *distinct[:40], refused]
+    with (
+        ReceiverProcess(
+            servers.database_url, schema, "--metrics-address", f"127.0.0.1:{metrics_port}"
+        ) as receiver,
+        ThreadPoolExecutor(max_workers=48) as pool,
+    ):
+        answers = list(pool.map(lambda body: receiver.post("stripe", body, stripe_headers(body)), bodies))
+        _, metrics = http_get(metrics_port, "/metrics")
+
+    *stored, (refused_status, refused_answer) = answers
+    assert refused_status == 400, refused_answer
+    assert "22003" in str(refused_answer["error"]), "numeric out of range, said as such"
+    assert {status for status, _ in stored} == {200}, "nobody else pays for the refused request"
+    assert sum(int(str(a["accepted"])) for _, a in stored) == 120
+    assert sum(int(str(a["duplicates"])) for _, a in stored) == 40
+    ids = {row[0] for row in db.execute("SELECT event_id FROM webhook_inbox").fetchall()}
+    assert ids == {json.loads(body)["id"] for body in distinct}
+    statements = metric_value(metrics, "postbox_webhook_statement_events_count")
+    assert 0 < statements < len(stored), "requests that arrived together shared statements"
+
+
+def test_amounts_are_stored_exactly_as_the_provider_sent_them(receiver: ReceiverProcess, db: Conn) -> None:
+    body = (
+        b'{"id": "evt_exact", "object": "event", "type": "invoice.paid", '
+        b'"data": {"object": {"id": "in_1", "amount": 12345678901234567.89, "rate": 0.1000}}}'
+    )
+    assert receiver.post("stripe", body, stripe_headers(body))[0] == 200
+    stored = db.execute(
+        "SELECT payload->'data'->'object'->>'amount', payload->'data'->'object'->>'rate' FROM webhook_inbox"
+    ).fetchone()
+    assert stored == ("12345678901234567.89", "0.1000"), "not rounded through a float"

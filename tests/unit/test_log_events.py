@@ -44,7 +44,6 @@ def receiver(max_body: int = 4096) -> WebhookReceiver:
     return WebhookReceiver(
         {"stripe": Stripe((SECRET,))},
         pool,
-        "postbox",
         ReceiverMetrics(CollectorRegistry()),
         max_body,
         clock=lambda: 1_800_000_000,
