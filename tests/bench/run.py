@@ -710,6 +710,9 @@ def main() -> int:
         "--payload-sizes", type=int, nargs="+", default=[200, 1024], help="limits and drain payloads, bytes"
     )
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
+    parser.add_argument(
+        "--webhook-processes", type=int, nargs="+", default=[1, 2], help="the receiver's --workers to measure"
+    )
     args = parser.parse_args()
     parts = set(args.only or PARTS)
 
@@ -828,7 +831,7 @@ def main() -> int:
                     f"limit: one-event insert+commit/s, {connections:3} connections, no HTTP (pgbench) "
                     f"{median_spread(limits)}"
                 )
-            for workers in (1, 2):
+            for workers in args.webhook_processes:
                 for connections in WEBHOOK_CONNECTIONS:
                     runs = [bench_webhooks(s, 15, connections, 100_000, workers) for _ in range(args.runs)]
                     served = sum(r.wrk.answered_2xx for r in runs)
