@@ -95,6 +95,11 @@ class InFlight:
     sending: Sending | None
     started: float
     claimed: int  # rows the claim took: len(rows), or more when the byte budget cut the batch short
+    # Wall-clock times (time.time()) of its stages, for the stage metrics and the latency breakdown:
+    # the wake-up it began after (a NOTIFY, a poll, or the previous batch), and the end of its claim.
+    woke_at: float = 0.0
+    claimed_at: float = 0.0
+    claim_seconds: float = 0.0
 
 
 class Relay:
@@ -122,6 +127,7 @@ class Relay:
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
         self._failed_batches = 0
+        self._woke_at = 0.0  # wall clock: when the last wait ended (a NOTIFY, the poll interval, a stop)
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
 
@@ -304,25 +310,43 @@ class Relay:
         return self.drain()
 
     def drain(self) -> bool:
-        """Run batches on every lane, each lane claiming again as soon as its last batch is marked, until
-        the lanes come back short or it is time to stop (a lease tick is due, SIGTERM, a failing broker).
+        """Run batches on every lane until the lanes come up empty or it is time to stop (a lease tick is
+        due, SIGTERM, a failing broker). Each time a batch is marked, every lane with nothing in flight
+        claims again at once, full or not: under steady traffic rows have committed while that batch
+        waited for its acks, and claiming them now, while another lane waits for its own acks, is what
+        keeps commit-to-ack short (waiting for every lane to finish first made each row wait out the
+        slowest lane's whole cycle). A lane has at most one batch in flight, so order holds per shard.
         Every batch begun is finished before returning: leases change only with nothing in flight.
         True when some lane's last batch was full (rows may be waiting)."""
         assert self.leases is not None
-        lanes = split_lanes(sorted(self.leases.owned), len(self._batch_conns))
-        begun = (self._begin(conn, lane) for conn, lane in zip(self._batch_conns, lanes, strict=False))
-        in_flight = deque(batch for batch in begun if batch is not None)
+        lanes = list(
+            zip(
+                self._batch_conns,
+                split_lanes(sorted(self.leases.owned), len(self._batch_conns)),
+                strict=False,
+            )
+        )
+        idle = list(range(len(lanes)))  # lanes with no batch in flight
+        in_flight: deque[tuple[int, InFlight]] = deque()
+
+        def claim_on_idle_lanes() -> None:
+            for index in list(idle):
+                begun = self._begin(*lanes[index])
+                if begun is not None:
+                    idle.remove(index)
+                    in_flight.append((index, begun))
+
+        claim_on_idle_lanes()
         more = False
         while in_flight:
-            batch = in_flight.popleft()
+            index, batch = in_flight.popleft()
             self._finish(batch)
             self.daemon.beat()
+            idle.insert(0, index)  # the lane just marked claims first: its shards had rows a moment ago
             # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
             full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
-            if full and self._may_begin():
-                following = self._begin(batch.conn, batch.lane)
-                if following is not None:
-                    in_flight.append(following)
+            if self._may_begin():
+                claim_on_idle_lanes()
             else:
                 more = more or full
         if self._failed_batches:
@@ -350,7 +374,9 @@ class Relay:
             "max_batch_bytes": self.settings.max_batch_bytes,
             **self._topics.claim_filter(),
         }
+        woke_at = self._woke_at
         result = conn.execute(query(QUERIES, "claim_batch"), claim_params).fetchall()
+        claimed_at, claim_seconds = time.time(), time.perf_counter() - started
         if not result:
             conn.rollback()  # ends the transaction, and with it the shards' advisory locks
             return None
@@ -393,7 +419,20 @@ class Relay:
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
         sending = self.publisher.send(messages) if messages else None
-        return InFlight(conn, lane, rows, topics, deliveries, sent, sending, started, claimed)
+        return InFlight(
+            conn,
+            lane,
+            rows,
+            topics,
+            deliveries,
+            sent,
+            sending,
+            started,
+            claimed,
+            woke_at,
+            claimed_at,
+            claim_seconds,
+        )
 
     def _finish(self, batch: InFlight) -> None:
         """Wait for the batch's delivery reports, mark its rows in its transaction, commit."""
@@ -403,6 +442,7 @@ class Relay:
             reports = batch.sending.wait(self.leases.renew_only)
             for index, report in zip(batch.sent, reports, strict=True):
                 deliveries[index] = report
+        acked_at = time.time()
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
         outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], final)
@@ -423,7 +463,7 @@ class Relay:
             },
         ).rowcount
         batch.conn.commit()
-        self._record(batch, outcome, marked, time.perf_counter() - batch.started)
+        self._record(batch, outcome, marked, acked_at)
 
     def _check_topic(self, topic: str, while_waiting: Callable[[], None]) -> Delivery | None:
         if topic in self._topics.good:
@@ -445,8 +485,13 @@ class Relay:
                 log.info("relay_topic_unblocked", topic=topic)
         self.metrics.blocked_topics.set(len(self._topics.blocked))
 
-    def _record(self, batch: InFlight, outcome: BatchOutcome, marked: int, seconds: float) -> None:
-        acked_at = time.time()
+    def _record(self, batch: InFlight, outcome: BatchOutcome, marked: int, acked_at: float) -> None:
+        committed_at = time.time()
+        seconds = time.perf_counter() - batch.started
+        stages = self.metrics.batch_stage_seconds
+        stages.labels("claim").observe(batch.claim_seconds)
+        stages.labels("publish").observe(max(0.0, acked_at - batch.claimed_at))
+        stages.labels("mark").observe(max(0.0, committed_at - acked_at))
         published: Counter[str] = Counter()
         # outcome.rows is in the order of batch.rows (decide keeps it).
         for row, topic, row_outcome in zip(batch.rows, batch.topics, outcome.rows, strict=True):
@@ -483,6 +528,13 @@ class Relay:
             failed=outcome.failed,
             retried=outcome.retried,
             seconds=round(seconds, 4),
+            # Wall-clock stage times and the rows, for tests/bench's latency breakdown (debug only).
+            woke_at=batch.woke_at,
+            claim_started_at=batch.claimed_at - batch.claim_seconds,
+            claimed_at=batch.claimed_at,
+            acked_at=acked_at,
+            committed_at=committed_at,
+            row_ids=[row.id for row in batch.rows],
         )
         # A batch where nothing got through (the broker is struggling) makes drain() back off.
         self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
@@ -508,6 +560,12 @@ class Relay:
 
     def _wait(self, seconds: float) -> None:
         """Sleep until a NOTIFY arrives, `seconds` pass, leases need renewing, or we are asked to stop."""
+        try:
+            self._sleep_until_woken(seconds)
+        finally:
+            self._woke_at = time.time()
+
+    def _sleep_until_woken(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self.daemon.stopping:
             remaining = deadline - time.monotonic()

@@ -63,7 +63,15 @@ from relay.outbox.daemon import QUERIES
 from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES, RelaySettings
 from tests.apps.noop import SCHEMA_SQL as NOOP_SCHEMA_SQL
 from tests.debezium import DebeziumConnect, debezium_version
-from tests.support import STRIPE_SECRET, ChildProcess, InboxProcess, ReceiverProcess, create_topic, wait_until
+from tests.support import (
+    STRIPE_SECRET,
+    ChildProcess,
+    InboxProcess,
+    ReceiverProcess,
+    create_topic,
+    http_get,
+    wait_until,
+)
 
 SCHEMA = "postbox"
 INBOX_BATCHES = (100, 500, 1000)
@@ -267,7 +275,7 @@ class Publisher(Protocol):
 class BenchRelay(ChildProcess):
     """`postbox relay run` with production defaults."""
 
-    def __init__(self, s: Servers, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, s: Servers, extra: tuple[str, ...] = (), log_level: str = "info") -> None:
         self.metrics_port = free_port()
         super().__init__(
             f"bench-relay-{uuid.uuid4().hex[:6]}",
@@ -284,7 +292,7 @@ class BenchRelay(ChildProcess):
                 f"127.0.0.1:{self.metrics_port}",
                 *extra,
             ],
-            log_level="info",
+            log_level=log_level,
         )
         self.process_id = self.process.pid
 
@@ -304,11 +312,11 @@ def pending(s: Servers) -> int:
 
 @contextlib.contextmanager
 def publishing(
-    s: Servers, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = ()
+    s: Servers, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = (), log_level: str = "info"
 ) -> Iterator[list[Publisher]]:
     """`replicas` postbox relays, or one Debezium worker, running and ready to publish new rows."""
     if tool == "postbox":
-        relays = [BenchRelay(s, relay_args) for _ in range(replicas)]
+        relays = [BenchRelay(s, relay_args, log_level) for _ in range(replicas)]
         try:
             wait_until(lambda: all(r.ready() for r in relays), 60, interval=0.2, what="relays ready")
             if replicas > 1:
@@ -352,11 +360,30 @@ def bench_drain(
     return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage) - cpu_before, machine
 
 
+@dataclass
+class LatencyRun:
+    latencies: list[float]  # ms from each writer's commit returning to a consumer receiving it, sorted
+    peak_mb: float  # the publisher's
+    cpu_seconds: float  # the publisher's, while the writers ran
+    stages: dict[str, list[float]] | None = None  # ms per event and stage (postbox with breakdown=True)
+    slowest: dict[str, float] | None = None  # the median of each stage over the slowest 1% of events
+    relay_histogram: dict[float, float] | None = None  # commit_to_ack: share of events within each bound
+
+
 def bench_latency(
-    s: Servers, rate: float, seconds: float, tool: str, payload: str, listen: bool = True
-) -> tuple[list[float], float, float]:
-    """(milliseconds from each writer commit to a consumer receiving the message, sorted; peak RSS MB and
-    CPU seconds of the publisher)."""
+    s: Servers,
+    rate: float,
+    seconds: float,
+    tool: str,
+    payload: str,
+    listen: bool = True,
+    relay_args: tuple[str, ...] = (),
+    breakdown: bool = False,
+) -> LatencyRun:
+    """Writers commit one event per transaction at `rate`; each event's time from the commit returning to
+    a consumer receiving it. With `breakdown` (postbox only) the relay runs at debug level, whose
+    per-batch line gives each batch's wall-clock stages and rows, and each event's latency is split
+    into its stages (see STAGES)."""
     s.fresh_schema()
     aggregate_type, topic = s.fresh_topic("latency")
     committed: dict[str, float] = {}
@@ -366,20 +393,22 @@ def bench_latency(
         {
             "bootstrap.servers": s.kafka.bootstrap,
             "group.id": f"lat-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "latest",
+            "auto.offset.reset": "earliest",  # a fresh topic: everything on it is this run's
             "fetch.wait.max.ms": 5,
             "fetch.min.bytes": 1,
         }
     )
 
+    joined = threading.Event()
+
     def consume() -> None:
-        consumer.subscribe([topic])
+        consumer.subscribe([topic], on_assign=lambda *_: joined.set())
         while not stop.is_set():
             message = consumer.poll(0.05)
             if message is not None and not message.error():
                 event_id = dict(message.headers() or [])["id"]
                 assert isinstance(event_id, bytes)
-                received[event_id.decode()] = time.perf_counter()
+                received[event_id.decode()] = time.time()
 
     def write(writer: int, writers: int) -> None:
         # Each of `writers` connections commits one event per transaction at rate / writers.
@@ -390,17 +419,22 @@ def bench_latency(
             while time.perf_counter() < deadline:
                 event_id = enqueue(conn, aggregate_type, f"o-{i % 1000}", "Placed", {"pad": payload[:200]})
                 conn.commit()
-                committed[str(event_id)] = time.perf_counter()
+                committed[str(event_id)] = time.time()
                 i += writers
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.perf_counter()))
 
-    relay_args = () if listen else ("--no-listen",)
+    relay_args = (*relay_args, *(() if listen else ("--no-listen",)))
+    log_level = "debug" if breakdown else "info"
+    run: LatencyRun
     try:
-        with publishing(s, tool, relay_args=relay_args) as publishers:
+        with publishing(s, tool, relay_args=relay_args, log_level=log_level) as publishers:
             reader = threading.Thread(target=consume)
             reader.start()
-            time.sleep(3)  # the consumer joins its group before the clock starts
+            # The consumer joins its group before the clock starts (a broker just started can take
+            # seconds to load its group coordinator).
+            if not joined.wait(60):
+                raise RuntimeError("the latency consumer got no partitions within 60 s")
             _, cpu_before = process_usage(publishers[0].process_id)
             writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
             for thread in writers:
@@ -411,12 +445,121 @@ def bench_latency(
             stop.set()
             reader.join()
             peak, cpu = process_usage(publishers[0].process_id)
-            cpu -= cpu_before
+            run = LatencyRun(
+                sorted((received[e] - committed[e]) * 1000 for e in committed), peak, cpu - cpu_before
+            )
+            if breakdown:
+                relay = publishers[0]
+                assert isinstance(relay, BenchRelay)
+                _, metrics = http_get(relay.metrics_port, "/metrics")
+                run.relay_histogram = histogram_shares(metrics, "postbox_relay_commit_to_ack_seconds")
             publishers[0].terminate()
+            if breakdown:
+                assert isinstance(relay, BenchRelay)
+                run.stages, run.slowest = latency_stages(s, relay.log(), committed, received)
     finally:
         stop.set()
         consumer.close()
-    return sorted((received[e] - committed[e]) * 1000 for e in committed), peak, cpu
+    return run
+
+
+# Each event's commit-to-consumer time, split at the relay's wall-clock stages (its debug line per batch):
+STAGES = {
+    "commit->claim start": "waits for a wake-up (NOTIFY) or for the lane's batch before it to be marked",
+    "claim": "the claim statement",
+    "produce->ack": "messages built, produced, linger.ms, the broker's acks (acks=all)",
+    "ack->consumer": "the consumer's fetch (fetch.wait.max.ms 5) and delivery",
+    "commit->ack": "the first three together: what postbox_relay_commit_to_ack_seconds measures",
+    "mark+commit": "the mark statement and commit after the acks (delays the lane's next batch)",
+}
+
+
+def latency_stages(
+    s: Servers, relay_log: str, committed: dict[str, float], received: dict[str, float]
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    batches: dict[int, dict[str, float]] = {}
+    for line in relay_log.splitlines():
+        if '"relay_batch_published"' not in line:
+            continue
+        entry = json.loads(line)
+        for row_id in entry["row_ids"]:
+            batches[row_id] = entry
+    with psycopg.connect(s.postgres.dsn) as conn:
+        rows = conn.execute("SELECT id, event_id::text FROM postbox.outbox").fetchall()
+    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    per_event: list[tuple[float, dict[str, float]]] = []
+    for row_id, event_id in rows:
+        batch = batches.get(row_id)
+        if batch is None or event_id not in committed or event_id not in received:
+            continue
+        commit = committed[event_id]
+        parts = {
+            "commit->claim start": max(0.0, batch["claim_started_at"] - commit),
+            "claim": batch["claimed_at"] - batch["claim_started_at"],
+            "produce->ack": batch["acked_at"] - batch["claimed_at"],
+            "ack->consumer": received[event_id] - batch["acked_at"],
+            "commit->ack": batch["acked_at"] - commit,
+            "mark+commit": batch["committed_at"] - batch["acked_at"],
+        }
+        parts = {stage: value * 1000 for stage, value in parts.items()}
+        for stage, value in parts.items():
+            stages[stage].append(value)
+        per_event.append(((received[event_id] - commit) * 1000, parts))
+    per_event.sort(key=lambda item: item[0])
+    tail = per_event[int(len(per_event) * 0.99) :]
+    slowest = (
+        {stage: statistics.median(parts[stage] for _, parts in tail) for stage in STAGES} if tail else {}
+    )
+    return {stage: sorted(values) for stage, values in stages.items()}, slowest
+
+
+def histogram_shares(metrics: str, name: str) -> dict[float, float]:
+    """A Prometheus histogram's cumulative share of observations at each bucket bound."""
+    counts: dict[float, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            counts[float(bound)] = float(line.rsplit(" ", 1)[1])
+    total = counts.get(float("inf"), 0.0)
+    return {bound: count / total for bound, count in sorted(counts.items())} if total else {}
+
+
+# The relay settings the latency breakdown varies (each against the defaults: linger.ms 5, 2 lanes,
+# batch 1000).
+LATENCY_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("defaults              ", ()),
+    ("linger.ms 1           ", ("--kafka-config", "linger.ms=1")),
+    ("linger.ms 0           ", ("--kafka-config", "linger.ms=0")),
+    ("1 lane                ", ("--lanes", "1")),
+    ("batch 100             ", ("--batch-size", "100")),
+)
+
+
+def achieved(run: LatencyRun, seconds: float) -> str:
+    return f"n={len(run.latencies)}, achieved {len(run.latencies) / seconds:,.0f}/s"
+
+
+def quantiles(values: list[float]) -> str:
+    return (
+        f"p50 {percentile(values, 0.5):.1f}  p99 {percentile(values, 0.99):.1f}  "
+        f"p999 {percentile(values, 0.999):.1f}"
+    )
+
+
+def share_within(values: list[float], bound: float) -> float:
+    return sum(1 for v in values if v <= bound) / len(values) if values else 0.0
+
+
+def histogram_quantile(shares: dict[float, float], q: float) -> float:
+    """The q-quantile of a histogram, interpolated linearly inside its bucket (as Prometheus does)."""
+    lower, below = 0.0, 0.0
+    for bound, share in shares.items():
+        if share >= q:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (q - below) / max(share - below, 1e-12)
+        lower, below = bound, share
+    return lower
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -782,19 +925,47 @@ def main() -> int:
                     f"whole machine {statistics.median(r[3] for r in results):.1f} s"
                 )
         if "latency" in parts:
+            # A broker just started is slow to serve its first group and topic: warm it up, unmeasured.
+            bench_latency(s, 1000, 5, "postbox", payload_of(200))
             say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
             variants = [("postbox", True), ("postbox", False)] + [("debezium", True)] * (len(tools) - 1)
             for rate in (1000, 5000):
                 for tool, listen in variants:
-                    latencies, peak, cpu = bench_latency(
-                        s, rate, args.latency_seconds, tool, payload_of(200), listen
-                    )
+                    run = bench_latency(s, rate, args.latency_seconds, tool, payload_of(200), listen)
                     who = f"postbox, NOTIFY {'on ' if listen else 'off'}" if tool == "postbox" else "Debezium"
+                    core = run.cpu_seconds / args.latency_seconds
                     say(
-                        f"{rate}/s {who:18}: commit->consumer ms p50 {percentile(latencies, 0.5):.1f}  "
-                        f"p99 {percentile(latencies, 0.99):.1f}  p999 {percentile(latencies, 0.999):.1f}  "
-                        f"(n={len(latencies)}, achieved {len(latencies) / args.latency_seconds:,.0f}/s; "
-                        f"RSS {peak:.0f} MB, CPU {cpu / args.latency_seconds * 100:.0f}% of a core)"
+                        f"{rate}/s {who:18}: commit->consumer ms {quantiles(run.latencies)}  "
+                        f"({achieved(run, args.latency_seconds)}; RSS {run.peak_mb:.0f} MB, "
+                        f"CPU {core:.0%} of a core)"
+                    )
+            say(
+                "\n-- where the time goes: postbox, NOTIFY on, the relay at debug level (its per-batch line "
+                "gives each batch's wall-clock stages); ms per event --"
+            )
+            for stage, meaning in STAGES.items():
+                say(f"   {stage:19} {meaning}")
+            for rate in (1000, 5000):
+                for label, extra in LATENCY_VARIANTS:
+                    run = bench_latency(
+                        s, rate, args.latency_seconds, "postbox", payload_of(200), True, extra, breakdown=True
+                    )
+                    assert run.stages is not None
+                    assert run.slowest is not None
+                    say(
+                        f"{rate}/s, {label}: commit->consumer {quantiles(run.latencies)} "
+                        f"({achieved(run, args.latency_seconds)})"
+                    )
+                    for stage, values in run.stages.items():
+                        say(f"   {stage:19} {quantiles(values)}; the slowest 1%: {run.slowest[stage]:.1f}")
+                    acked = run.stages["commit->ack"]
+                    shares = run.relay_histogram or {}
+                    say(
+                        "   commit->ack within 50 ms / 100 ms: the relay's histogram "
+                        f"{shares.get(0.05, 0):.2%} / {shares.get(0.1, 0):.2%}, measured here "
+                        f"{share_within(acked, 50):.2%} / {share_within(acked, 100):.2%}; p99 from the "
+                        f"histogram {histogram_quantile(shares, 0.99) * 1000:.0f} ms (bucket-interpolated), "
+                        f"measured here {percentile(acked, 0.99):.1f} ms"
                     )
         if "consumers" in parts:
             messages = min(args.rows, 200_000)
@@ -847,7 +1018,7 @@ def main() -> int:
                         f"wrk {per_request(runs, lambda r: r.wrk.cpu_seconds)}, "
                         f"whole machine {per_request(runs, lambda r: r.machine_cpu)}; "
                         f"peak RSS {max(r.peak_mb for r in runs):.0f} MB; "
-                        f"{served:,} answered 2xx, {lost} of them not stored"
+                        f"{served:,} answered 2xx in the {len(runs)} run(s), {lost} of them not stored"
                     )
     finally:
         kafka.stop()

@@ -10,7 +10,7 @@ import psycopg
 
 from relay.outbox import OutboxEvent, enqueue, enqueue_many
 from tests.servers import Servers
-from tests.support import RelayProcess, read_topic, wait_until
+from tests.support import RelayProcess, http_get, metric_value, read_topic, wait_until
 
 
 def pending_count(db: psycopg.Connection[tuple[object, ...]]) -> int:
@@ -56,3 +56,33 @@ def test_every_row_published_once_with_debezium_key_id_and_topic(
         "SELECT state, count(*), min(attempts), max(attempts) FROM outbox GROUP BY state"
     ).fetchall()
     assert states == [("published", len(ids), 1, 1)]
+
+
+def test_each_batch_reports_its_stages_in_order_and_every_row_is_timed(
+    servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """The stage histograms and the debug line per batch (which tests/bench's latency breakdown reads)."""
+    aggregate_type = f"order{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(servers.database_url) as app:
+        enqueue_many(
+            app, [OutboxEvent(aggregate_type, f"a{i}", "Placed", {"n": i}) for i in range(150)], schema=schema
+        )
+        app.commit()
+    row_ids = {int(str(r[0])) for r in db.execute("SELECT id FROM outbox").fetchall()}
+
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--batch-size", "50") as relay:
+        wait_until(lambda: pending_count(db) == 0, 60, what="outbox drained")
+        _, metrics = http_get(relay.metrics_port, "/metrics")
+        assert relay.terminate() == 0
+
+    batches = [json.loads(line) for line in relay.log().splitlines() if '"relay_batch_published"' in line]
+    timed = Counter(row_id for batch in batches for row_id in batch["row_ids"])
+    assert set(timed) == row_ids, "every row is in one batch's line"
+    assert set(timed.values()) == {1}
+    for batch in batches:
+        stages = [batch[k] for k in ("claim_started_at", "claimed_at", "acked_at", "committed_at")]
+        assert stages == sorted(stages), batch
+        assert batch["woke_at"] <= batch["claim_started_at"]
+    assert metric_value(metrics, "postbox_relay_commit_to_ack_seconds_count") == 150
+    for stage in ("claim", "publish", "mark"):
+        assert metric_value(metrics, "postbox_relay_batch_stage_seconds_count", stage=stage) == len(batches)
