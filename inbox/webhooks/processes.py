@@ -31,11 +31,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from relay.core import ops_http
 from relay.core.backoff import backoff_delay
 
 log = structlog.get_logger("postbox.webhooks")
 
-Check = Callable[[], tuple[bool, str]]
+Check = ops_http.Check  # the probes the metrics port answers
 # Runs one receiver on the listening socket until it is told to stop; called in a fresh interpreter
 # (spawn), so it must be picklable: a module-level function, or a functools.partial of one.
 Target = Callable[[socket.socket], None]
