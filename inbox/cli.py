@@ -128,11 +128,22 @@ def _cmd_consume(args: argparse.Namespace, settings: Any, parser: argparse.Argum
         app = _load_inbox(settings)
     except (ValueError, ImportError) as exc:
         parser.error(str(exc))
+    tracing = _tracing("inbox", parser)
     registry = CollectorRegistry()
-    consumer = InboxConsumer(app, settings, InboxMetrics(registry))
+    consumer = InboxConsumer(app, settings, InboxMetrics(registry), tracing.tracer)
     consumer.install_signal_handlers()
-    with serving(settings.metrics_address, registry, consumer.healthy, consumer.ready):
+    with tracing, serving(settings.metrics_address, registry, consumer.healthy, consumer.ready):
         return consumer.run()
+
+
+def _tracing(service: str, parser: argparse.ArgumentParser) -> Any:
+    """The daemon's tracing from the OTEL_* variables; a value postbox cannot honour ends the start."""
+    from relay.core.tracing import TracingConfigError, start_tracing_for  # noqa: PLC0415
+
+    try:
+        return start_tracing_for(service, os.environ)
+    except TracingConfigError as exc:
+        parser.error(str(exc))
 
 
 def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
@@ -173,17 +184,19 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         max_connections = connection_limit(settings.max_connections)
     except ValueError as exc:
         parser.error(f"{settings.label('max_connections')}: {exc}")
+    tracing = _tracing("receiver", parser)  # checked here; with --workers each process starts its own
     if settings.workers == 1:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
         registry = CollectorRegistry()
-        app, server = _receiver(settings, max_connections, registry)
+        app, server = _receiver(settings, max_connections, registry, tracing.tracer)
         # The receiver answers /healthz and /readyz on the webhook port itself; the metrics port gives the
         # same readiness (database reachable within a short timeout). Liveness there is the process
         # answering.
-        with serving(settings.metrics_address, registry, lambda: (True, "ok"), app.ready):
+        with tracing, serving(settings.metrics_address, registry, lambda: (True, "ok"), app.ready):
             server.run()
         return 0
+    tracing.shutdown()
 
     from inbox.webhooks.processes import ReceiverProcesses, listening_socket, shared_metrics  # noqa: PLC0415
     from relay.core.logging import LoggingSettings  # noqa: PLC0415
@@ -208,10 +221,13 @@ def _serve_on(settings: Any, max_connections: int, log_format: str, log_level: s
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from relay.core.logging import configure_logging  # noqa: PLC0415
+    from relay.core.tracing import start_tracing_for  # noqa: PLC0415
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    _, server = _receiver(settings, max_connections, CollectorRegistry())  # counted in the parent's files
-    server.run(sockets=[sock])
+    with start_tracing_for("receiver", os.environ) as tracing:  # the parent checked the OTEL_* variables
+        # Its metrics are counted in the parent's files (shared_metrics), not in this registry.
+        _, server = _receiver(settings, max_connections, CollectorRegistry(), tracing.tracer)
+        server.run(sockets=[sock])
 
 
 def _database_answers(settings: Any) -> tuple[bool, str]:
@@ -229,7 +245,7 @@ def _database_answers(settings: Any) -> tuple[bool, str]:
     return True, "ok"
 
 
-def _receiver(settings: Any, max_connections: int, registry: Any) -> tuple[Any, Any]:
+def _receiver(settings: Any, max_connections: int, registry: Any, tracer: Any) -> tuple[Any, Any]:
     """The receiver app and the uvicorn server that runs it, its metrics in `registry`."""
     import uvicorn  # noqa: PLC0415
     from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
@@ -256,6 +272,7 @@ def _receiver(settings: Any, max_connections: int, registry: Any) -> tuple[Any, 
         ReceiverMetrics(registry),
         settings.max_body_bytes,
         read_timeout=settings.read_timeout,
+        tracer=tracer,
     )
     config = uvicorn.Config(
         app,
@@ -287,6 +304,7 @@ def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     from inbox.webhooks.worker import WorkerMetrics  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
 
+    tracing = _tracing("webhook-worker", parser)
     registry = CollectorRegistry()
     worker = WebhookWorker(
         hooks,
@@ -295,9 +313,10 @@ def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         settings.poll_interval,
         settings.reap_interval,
         WorkerMetrics(registry),
+        tracing.tracer,
     )
     worker.install_signal_handlers()
-    with serving(settings.metrics_address, registry, worker.healthy, worker.ready):
+    with tracing, serving(settings.metrics_address, registry, worker.healthy, worker.ready):
         return worker.run()
 
 

@@ -14,11 +14,12 @@ changes nothing.
 from __future__ import annotations
 
 import collections
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 import structlog
@@ -39,6 +40,12 @@ from relay.core.settings import (
     shared_kafka_config,
 )
 from relay.core.sql import query
+from relay.core.tracing import start_tracing_for
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from inbox.tracing import BatchSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.inbox")
@@ -91,10 +98,18 @@ class _Work:
 
 
 class InboxConsumer:
-    def __init__(self, inbox: Inbox, settings: ConsumerSettings, metrics: InboxMetrics | None = None) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        settings: ConsumerSettings,
+        metrics: InboxMetrics | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.inbox = inbox
         self.settings = settings
         self.metrics = metrics or InboxMetrics()
+        self._tracer = tracer
+        self._spans: BatchSpans | None = None  # the batch being applied, when tracing is on
         self.daemon = Daemon("inbox")
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._dead_letters: Producer | None = None
@@ -256,6 +271,24 @@ class InboxConsumer:
 
     def _apply(self, records: list[Any]) -> None:
         work = [self._decode(r) for r in records]
+        if self._tracer is None:
+            self._apply_work(work)
+            return
+        from inbox.tracing import BatchSpans  # noqa: PLC0415  (OpenTelemetry is optional)
+
+        group = self.settings.group_id or self.inbox.consumer
+        self._spans = BatchSpans(self._tracer, [w.message for w in work], group, self.inbox.consumer)
+        try:
+            self._apply_work(work)
+        except BaseException as exc:
+            self._spans.end(exc)
+            raise
+        else:
+            self._spans.end()
+        finally:
+            self._spans = None
+
+    def _apply_work(self, work: list[_Work]) -> None:
         conn = self._db()
         with conn.transaction():
             new_ids = self._claim(conn, work)
@@ -263,6 +296,12 @@ class InboxConsumer:
                 if item.message.message_id in new_ids:
                     new_ids.discard(item.message.message_id)
                     item.claimed = True
+                elif self._spans is not None:
+                    self._spans.event(
+                        item.message,
+                        "postbox.duplicate",
+                        reason=f"message id already claimed by consumer {self.inbox.consumer!r}",
+                    )
             _count_by_topic(self.metrics.duplicates, (w.message for w in work if not w.claimed))
             failed = self._handle_all(conn, [item for item in work if item.claimed])
             if failed and self._dead_letters is not None:
@@ -337,7 +376,11 @@ class InboxConsumer:
             except Exception as exc:
                 if database_unavailable(exc, conn):
                     raise  # the database went away: the whole batch is read again
-                log.debug("inbox_batch_pass_failed", error=f"{type(exc).__name__}: {describe_error(exc)}")
+                reason = f"{type(exc).__name__}: {describe_error(exc)}"
+                log.debug("inbox_batch_pass_failed", error=reason)
+                if self._spans is not None:
+                    for item in items:
+                        self._spans.event(item.message, "postbox.batch_pass_failed", reason=reason)
             else:
                 _count_by_topic(self.metrics.processed, (item.message for item in items))
                 return []
@@ -357,7 +400,11 @@ class InboxConsumer:
             return
         started = time.perf_counter()
         try:
-            handler(conn, message)
+            if self._spans is None:
+                handler(conn, message)
+            else:
+                with self._spans.current(message):  # the handler's own spans are its children
+                    handler(conn, message)
         finally:
             self.metrics.handler_seconds.observe(time.perf_counter() - started)
 
@@ -377,6 +424,8 @@ class InboxConsumer:
         def retrying_after(state: tenacity.RetryCallState) -> None:
             self.metrics.retries.inc()
             exc = state.outcome.exception() if state.outcome else None
+            if self._spans is not None:
+                self._spans.event(message, "postbox.retry", attempt=state.attempt_number, error=_reason(exc))
             log.warning(
                 "inbox_handler_retry",
                 topic=message.topic,
@@ -419,6 +468,8 @@ class InboxConsumer:
             },
         )
         self.metrics.failed.labels(message.topic).inc()
+        if self._spans is not None:
+            self._spans.parked(message, reason, attempts)
         log.error(
             "inbox_message_parked",
             topic=message.topic,
@@ -574,10 +625,13 @@ def _fetch(fetcher: Consumer, topic: str, partition: int, offset: int) -> Any:
 
 def consume(inbox: Inbox, database_url: str, kafka_bootstrap: str, topics: list[str], **options: Any) -> int:
     """Run `inbox` as a consumer until SIGTERM/SIGINT; returns 0 after a clean stop. `options` are
-    ConsumerSettings fields (group_id, batch_size, max_batch_bytes, kafka_config...)."""
+    ConsumerSettings fields (group_id, batch_size, max_batch_bytes, kafka_config...). Traces as
+    `postbox inbox consume` does when the OTEL_* variables ask for it (module docstring of
+    relay.core.tracing), into the application's own tracer provider when it has installed one."""
     settings = ConsumerSettings(
         database_url=database_url, kafka_bootstrap=kafka_bootstrap, topics=topics, **options
     )
-    consumer = InboxConsumer(inbox, settings)
-    consumer.install_signal_handlers()
-    return consumer.run()
+    with start_tracing_for("inbox", os.environ) as tracing:
+        consumer = InboxConsumer(inbox, settings, tracer=tracing.tracer)
+        consumer.install_signal_handlers()
+        return consumer.run()

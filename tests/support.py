@@ -317,10 +317,12 @@ class ReceiverProcess(ChildProcess):
         *extra: str,
         log_level: str = "debug",
         open_files: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
+            **(env or {}),
             "POSTBOX_WEBHOOK_STRIPE_SECRETS": STRIPE_SECRET,
             "POSTBOX_WEBHOOK_SHOPIFY_SECRETS": SHOPIFY_SECRET,
             "POSTBOX_WEBHOOK_MARQETA_USERNAME": MARQETA_AUTH[0],

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
@@ -27,6 +27,10 @@ from inbox.webhooks.group_insert import EventKey, GroupInsert
 from inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
 from inbox.webhooks.store import INSERT_EVENTS, insert_params
 from relay.core.db import database_unavailable, describe_error
+from relay.core.tracing import current_trace_context
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 log = structlog.get_logger("postbox.webhooks")
 
@@ -101,8 +105,10 @@ class WebhookReceiver:
         clock: Callable[[], float] = time.time,
         read_timeout: float = 10.0,
         max_statements: int = 2,
+        tracer: Tracer | None = None,
     ) -> None:
         self.providers = dict(providers)
+        self._tracer = tracer
         self.pool = pool
         self._writes = GroupInsert(self._insert, max_in_flight=max_statements)
         self._loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, set at startup
@@ -119,7 +125,7 @@ class WebhookReceiver:
             return
         started = time.perf_counter()
         try:
-            provider_name, reply = await self._handle(scope, receive)
+            provider_name, reply = await self._answer(scope, receive)
         except Exception as exc:  # noqa: BLE001  (a bug: answered and counted, never a dropped connection)
             provider_name, reply = self._provider_of(scope), Reply(500, {"error": "internal error"})
             # No traceback: its last line is str(exc), which can quote the body. Where it failed is enough.
@@ -163,6 +169,20 @@ class WebhookReceiver:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _answer(self, scope: Scope, receive: Receive) -> tuple[str | None, Reply]:
+        """_handle, inside a receive span when tracing is on and the path is a provider's."""
+        name = self._provider_of(scope) if self._tracer is not None else None
+        if name is None or self._tracer is None:
+            return await self._handle(scope, receive)
+        from inbox.tracing import receiving, replied  # noqa: PLC0415  (OpenTelemetry is optional)
+
+        with receiving(
+            self._tracer, name, {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
+        ) as span:
+            found, reply = await self._handle(scope, receive)
+            replied(span, reply.status, reply.body)
+        return found, reply
+
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[str | None, Reply]:  # noqa: PLR0911  (one exit per gate, in order)
         path: str = scope["path"]
         if path == "/healthz":
@@ -204,6 +224,11 @@ class WebhookReceiver:
 
     async def _stored(self, name: str, events: list[IncomingEvent]) -> Reply:
         """Store the request's events in one statement; the answer for it."""
+        if self._tracer is not None:
+            # The receive span's context, kept with each event: the worker's process span links to it.
+            context = current_trace_context()
+            for event in events:
+                event.headers.update(context)
         try:
             stored = await self._writes.store(events)
         except psycopg.Error as exc:  # PoolTimeout included: it is an OperationalError with no SQLSTATE

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
@@ -27,6 +27,9 @@ from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
 from relay.core.db import DEFAULT_SCHEMA, connect, database_unavailable, describe_error, storable_text
 from relay.core.sql import query
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.webhooks.worker")
@@ -114,8 +117,10 @@ class WebhookWorker:
         poll_interval: float = 0.5,
         reap_interval: float = 10.0,
         metrics: WorkerMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.hooks = hooks
+        self._tracer = tracer
         self.metrics = metrics or WorkerMetrics()
         self.daemon = Daemon("webhook_worker")
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
@@ -206,6 +211,22 @@ class WebhookWorker:
         return len(claimed)
 
     def _process(self, conn: psycopg.Connection[tuple[Any, ...]], event: WebhookEvent) -> None:
+        if self._tracer is None:
+            self._settle(conn, event)
+            return
+        from inbox.tracing import webhook_processing  # noqa: PLC0415  (OpenTelemetry is optional)
+
+        with webhook_processing(
+            self._tracer, event.provider, event.event_id, event.event_type, event.attempt, event.headers
+        ) as span:
+            outcome, reason = self._settle(conn, event)
+            span.outcome(outcome, reason)
+
+    def _settle(
+        self, conn: psycopg.Connection[tuple[Any, ...]], event: WebhookEvent
+    ) -> tuple[str, str | None]:
+        """Run the event's handler and mark it; (outcome, reason): done, unhandled, fenced, retry or
+        failed (parked), as counted in postbox_webhook_worker_events_total."""
         key = {"provider": event.provider, "event_id": event.event_id, "attempts": event.attempt}
         handler = self.hooks.handler_for(event.provider, event.event_type)
         try:
@@ -220,7 +241,7 @@ class WebhookWorker:
         except _Fenced:
             self.metrics.events.labels(event.provider, "fenced").inc()
             log.warning("webhook_event_fenced", provider=event.provider, event_id=event.event_id)
-            return
+            return "fenced", "the reaper gave the event to another worker; this attempt was rolled back"
         except Exception as exc:
             if database_unavailable(exc, conn):
                 raise
@@ -251,9 +272,10 @@ class WebhookWorker:
                 now=status,
                 error=reason,
             )
-            return
+            return outcome, reason
         self.metrics.events.labels(event.provider, "done").inc()
         log.debug("webhook_event_done", provider=event.provider, event_id=event.event_id)
+        return ("done", None) if handler is not None else ("unhandled", "no handler for this event type")
 
 
 class _Fenced(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from relay.core.settings import MissingSetting, Settings, SettingsError, describe, load
+from relay.core.tracing import DEFAULT_SERVICE_NAMES, TracingConfigError, plan_tracing
 
 
 def check_service(
@@ -28,4 +29,10 @@ def check_service(
     extra = getattr(loaded.settings, "effective_lines", None)
     if callable(extra):
         lines.extend(extra())
+    if name in DEFAULT_SERVICE_NAMES:
+        try:
+            lines.extend(plan_tracing(name, environ).describe())
+        except TracingConfigError as exc:
+            lines[0] = f"{name}: INVALID: {exc}"
+            return lines, False
     return lines, True

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
@@ -38,6 +38,11 @@ from relay.outbox.publisher import Publisher, Sending
 from relay.outbox.routing import Message, OutboxRow, RoutingError, to_message, topic_for
 from relay.outbox.settings import RelaySettings
 from relay.outbox.shares import split_lanes
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from relay.outbox.tracing import PublishSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
@@ -100,6 +105,7 @@ class InFlight:
     woke_at: float = 0.0
     claimed_at: float = 0.0
     claim_seconds: float = 0.0
+    spans: list[Any] | None = None  # one publish span per message sent, when tracing is on
 
 
 class Relay:
@@ -109,6 +115,7 @@ class Relay:
         publisher: Publisher,
         metrics: RelayMetrics,
         connect: Callable[[bool], Connection],
+        tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -130,6 +137,11 @@ class Relay:
         self._woke_at = 0.0  # wall clock: when the last wait ended (a NOTIFY, the poll interval, a stop)
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
+        self._spans: PublishSpans | None = None
+        if tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
+            from relay.outbox.tracing import PublishSpans  # noqa: PLC0415
+
+            self._spans = PublishSpans(tracer)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -418,6 +430,7 @@ class Relay:
                 sent.append(index)
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
+        spans = self._spans.start([rows[i] for i in sent], messages) if self._spans and messages else None
         sending = self.publisher.send(messages) if messages else None
         return InFlight(
             conn,
@@ -432,6 +445,7 @@ class Relay:
             woke_at,
             claimed_at,
             claim_seconds,
+            spans,
         )
 
     def _finish(self, batch: InFlight) -> None:
@@ -446,6 +460,11 @@ class Relay:
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
         outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], final)
+        if batch.spans is not None and batch.sending is not None:
+            assert self._spans is not None
+            sent = batch.sent
+            states = [outcome.rows[i].state for i in sent]
+            self._spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
         for index, delivery in enumerate(final):
             if delivery.disposition is Disposition.TOPIC_BLOCKED:
                 row = rows[index]

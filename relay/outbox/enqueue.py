@@ -7,14 +7,17 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from relay.core.db import DEFAULT_SCHEMA
+from relay.core.tracing import current_trace_context, with_trace_context
 
 JsonValue = Any  # anything json.dumps accepts
+_NO_CONTEXT: Mapping[str, str] = MappingProxyType({})
 
 
 class PayloadError(ValueError):
@@ -54,7 +57,7 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
-def _row(event: OutboxEvent) -> tuple[object, ...]:
+def _row(event: OutboxEvent, trace_context: Mapping[str, str] = _NO_CONTEXT) -> tuple[object, ...]:
     for name in ("aggregate_type", "aggregate_id", "event_type"):
         value = getattr(event, name)
         if not isinstance(value, str) or not value:
@@ -64,7 +67,8 @@ def _row(event: OutboxEvent) -> tuple[object, ...]:
         raise PayloadError("headers must map str to str")
     if "" in event.headers:
         raise PayloadError("a header name is empty (Kafka clients drop such headers)")
-    headers_json = _json(dict(event.headers))
+    # The writer's trace context travels in the row, so the relay's publish span continues its trace.
+    headers_json = _json(dict(with_trace_context(event.headers, trace_context)))
     _storable_text("headers", headers_json, is_json=True)
     if isinstance(event.payload, bytes | bytearray | memoryview):
         payload_json, payload_bytes = None, bytes(event.payload)
@@ -98,7 +102,8 @@ def enqueue_many(
     schema: str = DEFAULT_SCHEMA,
 ) -> list[uuid.UUID]:
     """Insert several events with one statement, in the given order; returns their event ids."""
-    rows = [_row(e) for e in events]  # validate everything before writing anything
+    trace_context = current_trace_context()
+    rows = [_row(e, trace_context) for e in events]  # validate everything before writing anything
     if not rows:
         return []
     columns = list(zip(*rows, strict=True))
@@ -131,5 +136,5 @@ def enqueue(
     statement = sql.SQL("INSERT INTO {} " + _COLUMNS + " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
         sql.Identifier(schema, "outbox")
     )
-    conn_or_cursor.execute(statement, _row(event))
+    conn_or_cursor.execute(statement, _row(event, current_trace_context()))
     return event.event_id

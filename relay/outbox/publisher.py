@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import tenacity
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -50,6 +50,17 @@ class Sending(Protocol):
         """One Delivery per message, in order. `while_waiting` is called regularly while reports are due."""
         ...
 
+    def acks(self) -> list[Ack | None]:
+        """Where and when each delivered message landed, in order (None where it was not delivered); for
+        the publish spans, after `wait`."""
+        ...
+
+
+class Ack(NamedTuple):
+    partition: int
+    offset: int
+    at_ns: int  # wall clock (time.time_ns()) of the delivery report
+
 
 # librdkafka errors (reported through error_cb) that mean "we cannot talk to the cluster": every broker
 # down, or our credentials or TLS refused. Each broker reconnection failure alone (_TRANSPORT) is not it.
@@ -69,15 +80,17 @@ class KafkaSending:
         self._producer = producer
         self._delivery_timeout = delivery_timeout
         self.results: list[Delivery | None] = [None] * size
+        self._acks: list[Ack | None] = [None] * size
         self.pending = 0
 
     def reporter(
         self, index: int, on_delivered: Callable[[], None]
-    ) -> Callable[[KafkaError | None, object], None]:
-        def on_delivery(error: KafkaError | None, _message: object) -> None:
+    ) -> Callable[[KafkaError | None, Any], None]:
+        def on_delivery(error: KafkaError | None, message: Any) -> None:
             self.pending -= 1
             if error is None:
                 self.results[index] = DELIVERED
+                self._acks[index] = Ack(message.partition(), message.offset(), time.time_ns())
                 on_delivered()
             else:
                 self.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
@@ -95,6 +108,9 @@ class KafkaSending:
                 next_tick = time.monotonic() + 1
         lost_report = Delivery(Disposition.RETRY, "no delivery report in time")
         return [r or lost_report for r in self.results]
+
+    def acks(self) -> list[Ack | None]:
+        return self._acks
 
 
 class KafkaPublisher:
