@@ -9,6 +9,7 @@ import os
 from typing import Any, TypeVar
 
 from relay.core.settings import DatabaseSettings, Settings, add_flags, load
+from relay.core.tracing import start_daemon_tracing, start_tracing_for
 
 T = TypeVar("T")
 
@@ -128,22 +129,12 @@ def _cmd_consume(args: argparse.Namespace, settings: Any, parser: argparse.Argum
         app = _load_inbox(settings)
     except (ValueError, ImportError) as exc:
         parser.error(str(exc))
-    tracing = _tracing("inbox", parser)
+    tracing = start_daemon_tracing("inbox", parser)
     registry = CollectorRegistry()
     consumer = InboxConsumer(app, settings, InboxMetrics(registry), tracing.tracer)
     consumer.install_signal_handlers()
     with tracing, serving(settings.metrics_address, registry, consumer.healthy, consumer.ready):
         return consumer.run()
-
-
-def _tracing(service: str, parser: argparse.ArgumentParser) -> Any:
-    """The daemon's tracing from the OTEL_* variables; a value postbox cannot honour ends the start."""
-    from relay.core.tracing import TracingConfigError, start_tracing_for  # noqa: PLC0415
-
-    try:
-        return start_tracing_for(service, os.environ)
-    except TracingConfigError as exc:
-        parser.error(str(exc))
 
 
 def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
@@ -184,7 +175,8 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         max_connections = connection_limit(settings.max_connections)
     except ValueError as exc:
         parser.error(f"{settings.label('max_connections')}: {exc}")
-    tracing = _tracing("receiver", parser)  # checked here; with --workers each process starts its own
+    # Checked here, before anything starts; with --workers each process starts its own.
+    tracing = start_daemon_tracing("receiver", parser)
     if settings.workers == 1:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
@@ -221,7 +213,6 @@ def _serve_on(settings: Any, max_connections: int, log_format: str, log_level: s
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from relay.core.logging import configure_logging  # noqa: PLC0415
-    from relay.core.tracing import start_tracing_for  # noqa: PLC0415
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
     with start_tracing_for("receiver", os.environ) as tracing:  # the parent checked the OTEL_* variables
@@ -304,7 +295,7 @@ def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     from inbox.webhooks.worker import WorkerMetrics  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
 
-    tracing = _tracing("webhook-worker", parser)
+    tracing = start_daemon_tracing("webhook-worker", parser)
     registry = CollectorRegistry()
     worker = WebhookWorker(
         hooks,

@@ -13,7 +13,9 @@ side: what `enqueue` adds to a row's headers.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -168,6 +170,15 @@ def start_tracing(plan: TracingPlan) -> Tracing:
 def start_tracing_for(service: str, environ: Mapping[str, str]) -> Tracing:
     """plan_tracing then start_tracing: what each daemon's main() calls (TracingConfigError as there)."""
     return start_tracing(plan_tracing(service, environ))
+
+
+def start_daemon_tracing(service: str, parser: argparse.ArgumentParser) -> Tracing:
+    """What each daemon's main() calls: tracing from the process's OTEL_* variables; a value postbox
+    cannot honour ends the start as a usage error (exit 2) naming the variable, before any work."""
+    try:
+        return start_tracing(plan_tracing(service, os.environ))
+    except TracingConfigError as exc:
+        parser.error(str(exc))
 
 
 _inject: Callable[[dict[str, str]], None] | None = None

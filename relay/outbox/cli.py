@@ -38,14 +38,12 @@ def add_relay_commands(commands: Any) -> None:
 
 
 def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    import os  # noqa: PLC0415
-
     import structlog  # noqa: PLC0415
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from relay.core.db import connect  # noqa: PLC0415
     from relay.core.ops_http import serving  # noqa: PLC0415
-    from relay.core.tracing import TracingConfigError, start_tracing_for  # noqa: PLC0415
+    from relay.core.tracing import start_daemon_tracing  # noqa: PLC0415
     from relay.outbox.daemon import FatalRelayError, Relay, RelayConfigurationError  # noqa: PLC0415
     from relay.outbox.metrics import RelayMetrics, record_librdkafka_statistics  # noqa: PLC0415
     from relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
@@ -64,6 +62,8 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
             idle_in_transaction_session_timeout=idle_ms,
         )
 
+    # Before anything connects: an OTEL_* value postbox cannot honour is a usage error like a bad flag.
+    tracing = start_daemon_tracing("relay", parser)
     registry = CollectorRegistry()
     metrics = RelayMetrics(registry)
     try:
@@ -73,10 +73,6 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
         )
     except Exception as exc:  # noqa: BLE001  (librdkafka rejects bad properties here; name them)
         parser.error(f"kafka-config: {exc}")
-    try:
-        tracing = start_tracing_for("relay", os.environ)
-    except TracingConfigError as exc:
-        parser.error(str(exc))
     relay = Relay(settings, publisher, metrics, connect_db, tracing.tracer)
     relay.install_signal_handlers()
     log.info("relay_ops_listening", address=settings.metrics_address)
