@@ -50,12 +50,13 @@ def _attributes(items: Any) -> dict[str, Any]:
 
 @dataclass
 class OtlpReceiver:
-    """Started on a free port; `decode=False` only counts requests and bytes (for benchmarks)."""
+    """Started on a free port; `decode=False` only counts requests, bytes and spans (for benchmarks)."""
 
     decode: bool = True
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
     bytes: int = 0
+    span_count: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -90,14 +91,13 @@ class OtlpReceiver:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def _receive(self, body: bytes) -> None:
+        request = ExportTraceServiceRequest.FromString(body)
+        count = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        found = list(self._decoded(request)) if self.decode else []
         with self._lock:
             self.requests += 1
             self.bytes += len(body)
-        if not self.decode:
-            return
-        request = ExportTraceServiceRequest.FromString(body)
-        found = list(self._decoded(request))
-        with self._lock:
+            self.span_count += count
             self.spans.extend(found)
 
     @staticmethod

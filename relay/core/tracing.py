@@ -70,7 +70,10 @@ class TracingPlan:
 
 
 def sdk_installed() -> bool:
-    return importlib.util.find_spec("opentelemetry.sdk") is not None
+    try:
+        return importlib.util.find_spec("opentelemetry.sdk") is not None
+    except ImportError:  # a parent package that is there but cannot be imported
+        return False
 
 
 def plan_tracing(

@@ -431,7 +431,7 @@ class Relay:
             except RoutingError as exc:
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
         spans = self._spans.start([rows[i] for i in sent], messages) if self._spans and messages else None
-        sending = self.publisher.send(messages) if messages else None
+        sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
         return InFlight(
             conn,
             lane,

@@ -25,8 +25,9 @@ class Publisher(Protocol):
         """
         ...
 
-    def send(self, messages: Sequence[Message]) -> Sending:
-        """Hand every message to the producer and return at once; `wait` on the result for the reports.
+    def send(self, messages: Sequence[Message], *, record_acks: bool = False) -> Sending:
+        """Hand every message to the producer and return at once; `wait` on the result for the reports
+        (and, with record_acks, `acks` for where and when each landed).
 
         Several sends may be outstanding: the relay produces its next batch while this one's acks are due.
         """
@@ -51,8 +52,8 @@ class Sending(Protocol):
         ...
 
     def acks(self) -> list[Ack | None]:
-        """Where and when each delivered message landed, in order (None where it was not delivered); for
-        the publish spans, after `wait`."""
+        """Where and when each delivered message landed, in order (None where it was not delivered, or
+        when the send did not record acks); for the publish spans, after `wait`."""
         ...
 
 
@@ -76,11 +77,14 @@ _UNREACHABLE = {
 class KafkaSending:
     """The delivery reports of one batch, filled in by librdkafka's callbacks as the producer is polled."""
 
-    def __init__(self, producer: Producer, size: int, delivery_timeout: float) -> None:
+    def __init__(
+        self, producer: Producer, size: int, delivery_timeout: float, record_acks: bool = False
+    ) -> None:
         self._producer = producer
         self._delivery_timeout = delivery_timeout
         self.results: list[Delivery | None] = [None] * size
-        self._acks: list[Ack | None] = [None] * size
+        # Only when tracing asks: untraced, the per-message delivery callback stays as cheap as it was.
+        self._acks: list[Ack | None] | None = [None] * size if record_acks else None
         self.pending = 0
 
     def reporter(
@@ -90,7 +94,8 @@ class KafkaSending:
             self.pending -= 1
             if error is None:
                 self.results[index] = DELIVERED
-                self._acks[index] = Ack(message.partition(), message.offset(), time.time_ns())
+                if self._acks is not None:
+                    self._acks[index] = Ack(message.partition(), message.offset(), time.time_ns())
                 on_delivered()
             else:
                 self.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
@@ -110,7 +115,7 @@ class KafkaSending:
         return [r or lost_report for r in self.results]
 
     def acks(self) -> list[Ack | None]:
-        return self._acks
+        return self._acks if self._acks is not None else [None] * len(self.results)
 
 
 class KafkaPublisher:
@@ -200,8 +205,8 @@ class KafkaPublisher:
             return Delivery(Disposition.RETRY, f"topic {topic}: a partition has no leader"), False
         return None, False
 
-    def send(self, messages: Sequence[Message]) -> KafkaSending:
-        sending = KafkaSending(self._producer, len(messages), self._delivery_timeout)
+    def send(self, messages: Sequence[Message], *, record_acks: bool = False) -> KafkaSending:
+        sending = KafkaSending(self._producer, len(messages), self._delivery_timeout, record_acks)
         for index, message in enumerate(messages):
             while True:
                 try:

@@ -14,13 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from relay.core.tracing import TRACE_HEADERS, carrier_of
+from relay.core.tracing import carrier_of
 from relay.outbox.outcome import Delivery, RowState
 from relay.outbox.publisher import Ack
 from relay.outbox.routing import Message, OutboxRow
+
+# The record's trace context is W3C Trace Context, what Debezium's consumers read, whatever else the
+# application propagates: the writer's traceparent in the row is parsed as W3C, and the record's written as
+# W3C. Baggage needs no work: the row's `baggage` header travels as a Kafka header like any other.
+_W3C = TraceContextTextMapPropagator()
+_NO_PARENT = Context()  # not the relay's current context: a row without a traceparent starts a trace
+_REPLACED = ("traceparent", "tracestate")
 
 
 class PublishSpans:
@@ -28,33 +36,40 @@ class PublishSpans:
         self._tracer = tracer
 
     def start(self, rows: Sequence[OutboxRow], messages: Sequence[Message]) -> list[Span]:
-        """A started span per message (rows[i] became messages[i]), and each message's propagation
-        headers replaced by that span's context: the writer's baggage is kept, its traceparent becomes
-        the span's parent."""
-        propagator = propagate.get_global_textmap()
+        """A started span per message (rows[i] became messages[i]); each message's traceparent (the
+        writer's, its parent) replaced by the span's own."""
         spans = []
         for row, message in zip(rows, messages, strict=True):
-            parent = propagator.extract(carrier_of(row.headers or {}))
-            attributes: dict[str, str | int] = {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "send",
-                "messaging.destination.name": message.topic,
-                "messaging.message.id": row.event_id,
-                "messaging.kafka.message.key": row.aggregate_id,
-                "messaging.message.body.size": len(message.value or b""),
-                "postbox.outbox.row_id": row.id,
-                "postbox.event_type": row.event_type,
-            }
-            if message.value is None:
-                attributes["messaging.kafka.message.tombstone"] = True
-            span = self._tracer.start_span(
-                f"send {message.topic}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes
-            )
-            carrier: dict[str, str] = {}
-            propagator.inject(carrier, context=trace.set_span_in_context(span, parent))
-            headers = [(name, value) for name, value in message.headers if name not in TRACE_HEADERS]
-            headers.extend((name, value.encode()) for name, value in carrier.items())
+            carrier = carrier_of(row.headers) if row.headers else None
+            parent = _W3C.extract(carrier) if carrier and "traceparent" in carrier else _NO_PARENT
+            span = self._tracer.start_span(f"send {message.topic}", context=parent, kind=SpanKind.PRODUCER)
+            # Attributes only for a span that records: with a 1% sampler the other 99% stay cheap. (The
+            # sampler decides without them: none of the standard samplers reads attributes.)
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "messaging.system": "kafka",
+                        "messaging.operation.type": "send",
+                        "messaging.operation.name": "send",
+                        "messaging.destination.name": message.topic,
+                        "messaging.message.id": row.event_id,
+                        "messaging.kafka.message.key": row.aggregate_id,
+                        "messaging.message.body.size": len(message.value or b""),
+                        "postbox.outbox.row_id": row.id,
+                        "postbox.event_type": row.event_type,
+                    }
+                )
+                if message.value is None:
+                    span.set_attribute("messaging.kafka.message.tombstone", True)
+            # A sampled-out span's context goes on too (flags 00), so the consumer's parent-based sampler
+            # honours the writer's decision.
+            context = span.get_span_context()
+            headers = [(name, value) for name, value in message.headers if name not in _REPLACED]
+            flags = f"{context.trace_flags:02x}"
+            traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags}"
+            headers.append(("traceparent", traceparent.encode()))
+            if context.trace_state:
+                headers.append(("tracestate", context.trace_state.to_header().encode()))
             message.headers[:] = headers  # the Message is frozen, its header list is ours to fill
             spans.append(span)
         return spans
@@ -69,6 +84,8 @@ class PublishSpans:
         """End each span at its message's delivery report, with where it landed; a message that was not
         delivered, or whose row is retried after all (a predecessor of its aggregate failed), says why."""
         for span, delivery, state, ack in zip(spans, deliveries, states, acks, strict=True):
+            if not span.is_recording():
+                continue  # nothing to record, nothing to export
             if ack is not None:
                 span.set_attribute("messaging.destination.partition.id", str(ack.partition))
                 span.set_attribute("messaging.kafka.offset", ack.offset)

@@ -63,6 +63,7 @@ from relay.outbox.daemon import QUERIES
 from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES, RelaySettings
 from tests.apps.noop import SCHEMA_SQL as NOOP_SCHEMA_SQL
 from tests.debezium import DebeziumConnect, debezium_version
+from tests.otlp import OtlpReceiver
 from tests.support import (
     STRIPE_SECRET,
     ChildProcess,
@@ -275,7 +276,13 @@ class Publisher(Protocol):
 class BenchRelay(ChildProcess):
     """`postbox relay run` with production defaults."""
 
-    def __init__(self, s: Servers, extra: tuple[str, ...] = (), log_level: str = "info") -> None:
+    def __init__(
+        self,
+        s: Servers,
+        extra: tuple[str, ...] = (),
+        log_level: str = "info",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.metrics_port = free_port()
         super().__init__(
             f"bench-relay-{uuid.uuid4().hex[:6]}",
@@ -292,6 +299,7 @@ class BenchRelay(ChildProcess):
                 f"127.0.0.1:{self.metrics_port}",
                 *extra,
             ],
+            env=env,
             log_level=log_level,
         )
         self.process_id = self.process.pid
@@ -312,11 +320,17 @@ def pending(s: Servers) -> int:
 
 @contextlib.contextmanager
 def publishing(
-    s: Servers, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = (), log_level: str = "info"
+    s: Servers,
+    tool: str,
+    replicas: int = 1,
+    relay_args: tuple[str, ...] = (),
+    log_level: str = "info",
+    env: dict[str, str] | None = None,
 ) -> Iterator[list[Publisher]]:
-    """`replicas` postbox relays, or one Debezium worker, running and ready to publish new rows."""
+    """`replicas` postbox relays (with `env` added to their environment), or one Debezium worker, running
+    and ready to publish new rows."""
     if tool == "postbox":
-        relays = [BenchRelay(s, relay_args, log_level) for _ in range(replicas)]
+        relays = [BenchRelay(s, relay_args, log_level, env) for _ in range(replicas)]
         try:
             wait_until(lambda: all(r.ready() for r in relays), 60, interval=0.2, what="relays ready")
             if replicas > 1:
@@ -335,13 +349,19 @@ def publishing(
 
 
 def bench_drain(
-    s: Servers, rows: int, payload: str, tool: str, replicas: int = 1, relay_args: tuple[str, ...] = ()
+    s: Servers,
+    rows: int,
+    payload: str,
+    tool: str,
+    replicas: int = 1,
+    relay_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[float, float, float, float]:
     """(events/s, peak RSS MB of the largest publisher, the publishers' CPU seconds, the whole machine's
     CPU seconds), all over the drain."""
     s.fresh_schema()
     aggregate_type, topic = s.fresh_topic("drain")
-    with publishing(s, tool, replicas, relay_args) as publishers:
+    with publishing(s, tool, replicas, relay_args, env=env) as publishers:
         cpu_before = sum(process_usage(p.process_id)[1] for p in publishers)
         visible = preload(s, rows, payload, aggregate_type)
         machine_before = machine_busy_seconds()
@@ -379,6 +399,7 @@ def bench_latency(
     listen: bool = True,
     relay_args: tuple[str, ...] = (),
     breakdown: bool = False,
+    env: dict[str, str] | None = None,
 ) -> LatencyRun:
     """Writers commit one event per transaction at `rate`; each event's time from the commit returning to
     a consumer receiving it. With `breakdown` (postbox only) the relay runs at debug level, whose
@@ -428,7 +449,7 @@ def bench_latency(
     log_level = "debug" if breakdown else "info"
     run: LatencyRun
     try:
-        with publishing(s, tool, relay_args=relay_args, log_level=log_level) as publishers:
+        with publishing(s, tool, relay_args=relay_args, log_level=log_level, env=env) as publishers:
             reader = threading.Thread(target=consume)
             reader.start()
             # The consumer joins its group before the clock starts (a broker just started can take
@@ -833,11 +854,83 @@ def per_request(runs: list[WebhookRun], seconds: Callable[[WebhookRun], float]) 
     return f"{statistics.median(seconds(r) / max(1, r.wrk.answered_2xx) for r in runs) * 1e6:.0f} us"
 
 
+def tracing_variants(sink: OtlpReceiver, folder: Path) -> list[tuple[str, dict[str, str]]]:
+    """The relay's environments for the tracing part: OpenTelemetry absent (an importable-looking package
+    that refuses to import shadows it, as on a machine without postbox[otel]), installed but off (no
+    OTEL_* variable), and on with every span exported to `sink` or 1% of them."""
+    hidden = folder / "opentelemetry"
+    hidden.mkdir(exist_ok=True)
+    (hidden / "__init__.py").write_text('raise ImportError("hidden by the benchmark: no OpenTelemetry")\n')
+    python_path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}
+    return [
+        ("OpenTelemetry not installed  ", {"PYTHONPATH": python_path}),
+        ("installed, tracing off       ", {}),
+        ("on, always_on                ", {**exporting, "OTEL_TRACES_SAMPLER": "always_on"}),
+        (
+            "on, parentbased ratio 0.01   ",
+            {
+                **exporting,
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "0.01",
+            },
+        ),
+    ]
+
+
+def bench_tracing(
+    s: Servers, rows: int, runs: int, latency_seconds: float, relay_args: tuple[str, ...]
+) -> None:
+    """The relay's drain and latency with tracing absent, off and on, interleaved run by run so that the
+    machine's drift falls on every variant alike; spans go to an OTLP/HTTP receiver in this process."""
+    sink = OtlpReceiver(decode=False)
+    payload = payload_of(200)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            variants = tracing_variants(sink, Path(folder))
+            drains: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v, _ in variants}
+            exported: dict[str, int] = dict.fromkeys(drains, 0)
+            for _ in range(runs):
+                for label, env in variants:
+                    before = sink.span_count
+                    drains[label].append(bench_drain(s, rows, payload, "postbox", 1, relay_args, env))
+                    exported[label] += sink.span_count - before  # the relay flushes its spans on exit
+            for label, results in drains.items():
+                print(
+                    f"drain {label}: events/s {median_spread([r[0] for r in results])}; "
+                    f"relay CPU {statistics.median(r[2] for r in results) / rows * 1e6:.0f} us per event, "
+                    f"whole machine {statistics.median(r[3] for r in results):.1f} s; peak RSS "
+                    f"{max(r[1] for r in results):.0f} MB; spans exported "
+                    f"{exported[label] / (rows * runs):.1%} of messages",
+                    flush=True,
+                )
+            for rate in (1000, 5000):
+                latencies: dict[str, list[LatencyRun]] = {v: [] for v, _ in variants}
+                for _ in range(runs):
+                    for label, env in variants:
+                        latencies[label].append(
+                            bench_latency(
+                                s, rate, latency_seconds, "postbox", payload, relay_args=relay_args, env=env
+                            )
+                        )
+                for label, measured in latencies.items():
+                    p50 = [percentile(r.latencies, 0.5) for r in measured]
+                    p99 = [percentile(r.latencies, 0.99) for r in measured]
+                    core = statistics.median(r.cpu_seconds for r in measured) / latency_seconds
+                    print(
+                        f"{rate}/s {label}: commit->consumer p50 {median_spread(p50, 1)} ms, "
+                        f"p99 {median_spread(p99, 1)} ms; relay CPU {core:.0%} of a core",
+                        flush=True,
+                    )
+    finally:
+        sink.close()
+
+
 def repeat(runs: int, measure: Callable[[], float]) -> list[float]:
     return [measure() for _ in range(runs)]
 
 
-PARTS = ("limits", "drain", "latency", "consumers", "webhooks")
+PARTS = ("limits", "drain", "latency", "tracing", "consumers", "webhooks")
 
 
 def main() -> int:
@@ -967,6 +1060,14 @@ def main() -> int:
                         f"histogram {histogram_quantile(shares, 0.99) * 1000:.0f} ms (bucket-interpolated), "
                         f"measured here {percentile(acked, 0.99):.1f} ms"
                     )
+        if "tracing" in parts:
+            rows = min(args.rows, 300_000)
+            say(
+                f"\n-- tracing: the relay with OpenTelemetry absent, off and on (spans over OTLP/HTTP to a "
+                f"receiver in the benchmark's process, the SDK's default batch processor); drain of {rows:,} "
+                f"rows of 200 bytes written outside any trace, and steady state as above; runs interleaved --"
+            )
+            bench_tracing(s, rows, args.runs, args.latency_seconds, relay_args)
         if "consumers" in parts:
             messages = min(args.rows, 200_000)
             say(f"\n-- consumers: {messages:,} messages of 200 bytes, {PARTITIONS} partitions --")

@@ -2,6 +2,7 @@
 enqueue stores, and the relay's publish spans, with an in-memory span exporter in place of OTLP (the
 end-to-end trace over real servers and the real protocol is tests/integration/test_tracing.py)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from relay.core.tracing import (
 from relay.outbox.enqueue import OutboxEvent, enqueue, enqueue_many
 from relay.outbox.outcome import DELIVERED, Delivery, Disposition, RowState
 from relay.outbox.publisher import Ack
-from relay.outbox.routing import Message, OutboxRow
+from relay.outbox.routing import OutboxRow, to_message
 from relay.outbox.tracing import PublishSpans
 from tests.support import REPO
 
@@ -211,13 +212,8 @@ def test_the_relay_sends_each_message_in_a_child_span_of_the_writer_and_passes_i
     tracer, exporter = exported
     writer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     rows = [_row(1, {"traceparent": writer, "baggage": "tenant=acme"}), _row(2, None), _row(3, None)]
-    messages = [
-        Message(
-            "outbox.event.order", b"o1", b'{"a":1}', [("id", b"evt-1"), ("traceparent", writer.encode())]
-        ),
-        Message("outbox.event.order", b"o1", None, [("id", b"evt-2")]),
-        Message("outbox.event.order", b"o1", b"{}", [("id", b"evt-3")]),
-    ]
+    rows[1] = dataclasses.replace(rows[1], payload=None)  # a tombstone
+    messages = [to_message(row, "outbox.event.order") for row in rows]
     spans = PublishSpans(tracer).start(rows, messages)
     acks = [Ack(4, 1234, 1_000_000_000), None, None]
     deliveries = [DELIVERED, Delivery(Disposition.PARK, "too large"), Delivery(None)]
@@ -239,7 +235,7 @@ def test_the_relay_sends_each_message_in_a_child_span_of_the_writer_and_passes_i
         "messaging.destination.name": "outbox.event.order",
         "messaging.message.id": "evt-1",
         "messaging.kafka.message.key": "o1",
-        "messaging.message.body.size": 7,
+        "messaging.message.body.size": 2,
         "postbox.outbox.row_id": 1,
         "postbox.event_type": "OrderPlaced",
         "messaging.destination.partition.id": "4",
@@ -287,3 +283,18 @@ def test_an_invalid_otel_setting_fails_config_check_and_the_daemons_start() -> N
     started = postbox("relay", "run", OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
     assert started.returncode == 2
     assert "postbox relay run: error: OTEL_EXPORTER_OTLP_PROTOCOL='grpc'" in started.stderr
+
+
+def test_a_message_the_writer_did_not_sample_costs_no_recorded_span_but_keeps_its_trace(
+    exported: tuple[trace.Tracer, InMemorySpanExporter],
+) -> None:
+    tracer, exporter = exported  # parent-based sampling, the SDK's default: the writer's flag decides
+    writer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    messages = [to_message(_row(1, {"traceparent": writer}), "outbox.event.order")]
+    spans = PublishSpans(tracer).start([_row(1, {"traceparent": writer})], messages)
+    PublishSpans.end(spans, [DELIVERED], [RowState.PUBLISHED], [Ack(0, 1, 1)])
+    assert exporter.get_finished_spans() == ()
+    traceparent = carrier_of(dict(messages[0].headers))["traceparent"]
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert (version, trace_id, flags) == ("00", "0af7651916cd43dd8448eb211c80319c", "00")
+    assert span_id != "b7ad6b7169203331"  # the relay's own (unrecorded) span, as the SDK makes it
