@@ -115,6 +115,9 @@ def replied(span: Span, status: int, body: Mapping[str, object]) -> None:
         value = body.get(key)
         if isinstance(value, int):
             span.set_attribute(f"postbox.webhook.{key}", value)
+    duplicates = body.get("duplicates")
+    if isinstance(duplicates, int) and duplicates > 0:  # a provider's redelivery: stored once already
+        span.add_event("postbox.duplicate", {"reason": "event id already received", "events": duplicates})
     if status >= 500:
         span.set_status(Status(StatusCode.ERROR, str(body.get("error", ""))))
 

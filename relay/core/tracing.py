@@ -135,6 +135,10 @@ class Tracing:
 
     tracer: Tracer | None
     shutdown: Callable[[], None]
+    # The sampler is one of the parentbased_* (the default): a span whose remote parent was not sampled
+    # is never recorded, so a daemon may skip making it (the relay does, for messages whose writer did
+    # not sample its trace). False when unknown (an application's own provider).
+    follows_parent: bool = False
 
     def __enter__(self) -> Tracing:
         return self
@@ -167,7 +171,7 @@ def start_tracing(plan: TracingPlan) -> Tracing:
     provider = TracerProvider(resource=Resource.create({"service.name": plan.service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    return Tracing(provider.get_tracer("postbox"), provider.shutdown)
+    return Tracing(provider.get_tracer("postbox"), provider.shutdown, plan.sampler.startswith("parentbased"))
 
 
 def start_tracing_for(service: str, environ: Mapping[str, str]) -> Tracing:

@@ -73,7 +73,7 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
         )
     except Exception as exc:  # noqa: BLE001  (librdkafka rejects bad properties here; name them)
         parser.error(f"kafka-config: {exc}")
-    relay = Relay(settings, publisher, metrics, connect_db, tracing.tracer)
+    relay = Relay(settings, publisher, metrics, connect_db, tracing)
     relay.install_signal_handlers()
     log.info("relay_ops_listening", address=settings.metrics_address)
     with tracing, serving(settings.metrics_address, registry, relay.healthy, relay.ready):

@@ -29,6 +29,7 @@ from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
 from relay.core.db import advisory_key, database_unavailable, describe_error
 from relay.core.sql import query
+from relay.core.tracing import TRACING_OFF, Tracing
 from relay.outbox import admin
 from relay.outbox.errors import Disposition
 from relay.outbox.leases import LeaseKeeper
@@ -40,8 +41,6 @@ from relay.outbox.settings import RelaySettings
 from relay.outbox.shares import split_lanes
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Tracer
-
     from relay.outbox.tracing import PublishSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -115,7 +114,7 @@ class Relay:
         publisher: Publisher,
         metrics: RelayMetrics,
         connect: Callable[[bool], Connection],
-        tracer: Tracer | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -138,10 +137,10 @@ class Relay:
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
         self._spans: PublishSpans | None = None
-        if tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
+        if tracing.tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
             from relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
-            self._spans = PublishSpans(tracer)
+            self._spans = PublishSpans(tracing.tracer, tracing.follows_parent)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 

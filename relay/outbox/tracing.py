@@ -31,17 +31,29 @@ _NO_PARENT = Context()  # not the relay's current context: a row without a trace
 _REPLACED = ("traceparent", "tracestate")
 
 
-class PublishSpans:
-    def __init__(self, tracer: Tracer) -> None:
-        self._tracer = tracer
+def _unsampled(traceparent: str) -> bool:
+    """A well-formed W3C traceparent whose sampled flag is off."""
+    return len(traceparent) == 55 and traceparent[:3] == "00-" and traceparent[53:] in ("00", "02")
 
-    def start(self, rows: Sequence[OutboxRow], messages: Sequence[Message]) -> list[Span]:
+
+class PublishSpans:
+    def __init__(self, tracer: Tracer, follows_parent: bool = False) -> None:
+        self._tracer = tracer
+        self._follows_parent = follows_parent  # the sampler records no child of an unsampled parent
+
+    def start(self, rows: Sequence[OutboxRow], messages: Sequence[Message]) -> list[Span | None]:
         """A started span per message (rows[i] became messages[i]); each message's traceparent (the
-        writer's, its parent) replaced by the span's own."""
-        spans = []
+        writer's, its parent) replaced by the span's own. None for a message whose writer did not sample
+        its trace, under a parent-based sampler: such a span would record nothing, so none is made and
+        the record carries the writer's traceparent as it is (the sampled flag off either way)."""
+        spans: list[Span | None] = []
         for row, message in zip(rows, messages, strict=True):
             carrier = carrier_of(row.headers) if row.headers else None
-            parent = _W3C.extract(carrier) if carrier and "traceparent" in carrier else _NO_PARENT
+            traceparent = carrier.get("traceparent") if carrier else None
+            if traceparent is not None and self._follows_parent and _unsampled(traceparent):
+                spans.append(None)
+                continue
+            parent = _W3C.extract(carrier) if carrier and traceparent is not None else _NO_PARENT
             span = self._tracer.start_span(f"send {message.topic}", context=parent, kind=SpanKind.PRODUCER)
             # Attributes only for a span that records: with a 1% sampler the other 99% stay cheap. (The
             # sampler decides without them: none of the standard samplers reads attributes.)
@@ -76,7 +88,7 @@ class PublishSpans:
 
     @staticmethod
     def end(
-        spans: Sequence[Span],
+        spans: Sequence[Span | None],
         deliveries: Sequence[Delivery],
         states: Sequence[RowState],
         acks: Sequence[Ack | None],
@@ -84,7 +96,7 @@ class PublishSpans:
         """End each span at its message's delivery report, with where it landed; a message that was not
         delivered, or whose row is retried after all (a predecessor of its aggregate failed), says why."""
         for span, delivery, state, ack in zip(spans, deliveries, states, acks, strict=True):
-            if not span.is_recording():
+            if span is None or not span.is_recording():
                 continue  # nothing to record, nothing to export
             if ack is not None:
                 span.set_attribute("messaging.destination.partition.id", str(ack.partition))

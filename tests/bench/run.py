@@ -159,16 +159,34 @@ def bench_insert_rate(s: Servers, seconds: float, payload: str) -> float:
         return count / (time.perf_counter() - started)
 
 
-def preload(s: Servers, rows: int, payload: str, aggregate_type: str = "order") -> float:
-    """Commit `rows` outbox rows in one transaction; returns the wall time at which they became visible."""
+def preload(
+    s: Servers, rows: int, payload: str, aggregate_type: str = "order", sampled_every: int | None = None
+) -> float:
+    """Commit `rows` outbox rows in one transaction; returns the wall time at which they became visible.
+    With `sampled_every`, each row carries a writer's W3C traceparent (as enqueue stores it), one in
+    `sampled_every` of them with the sampled flag."""
+    traceparent = (
+        "jsonb_build_object('traceparent', '00-' || md5(i::text) || '-' || left(md5('s' || i), 16) || '-' "
+        "|| CASE WHEN i %% %s = 0 THEN '01' ELSE '00' END)"
+    )
+    headers = traceparent if sampled_every else "'{}'::jsonb"
     with psycopg.connect(s.postgres.dsn) as conn:
         conn.execute(
-            "INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type, payload) "
-            "SELECT %s, 'o-' || (i %% 1000), 'Placed', %s::jsonb FROM generate_series(1, %s) AS i",
-            (aggregate_type, payload, rows),
+            "INSERT INTO postbox.outbox (aggregate_type, aggregate_id, event_type, payload, headers) "
+            f"SELECT %s, 'o-' || (i %% 1000), 'Placed', %s::jsonb, {headers} "
+            "FROM generate_series(1, %s) AS i",
+            (aggregate_type, payload, *((sampled_every,) if sampled_every else ()), rows),
         )
         conn.commit()
         return time.perf_counter()
+
+
+def writer_context(i: int, sampled_every: int | None) -> dict[str, str]:
+    """The headers of event `i` of a traced writer (see preload), or none."""
+    if not sampled_every:
+        return {}
+    flags = "01" if i % sampled_every == 0 else "00"
+    return {"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-{flags}"}
 
 
 # The claim's byte budget as the relay runs it by default.
@@ -356,6 +374,7 @@ def bench_drain(
     replicas: int = 1,
     relay_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    sampled_every: int | None = None,
 ) -> tuple[float, float, float, float]:
     """(events/s, peak RSS MB of the largest publisher, the publishers' CPU seconds, the whole machine's
     CPU seconds), all over the drain."""
@@ -363,7 +382,7 @@ def bench_drain(
     aggregate_type, topic = s.fresh_topic("drain")
     with publishing(s, tool, replicas, relay_args, env=env) as publishers:
         cpu_before = sum(process_usage(p.process_id)[1] for p in publishers)
-        visible = preload(s, rows, payload, aggregate_type)
+        visible = preload(s, rows, payload, aggregate_type, sampled_every)
         machine_before = machine_busy_seconds()
         if tool == "postbox":
             while pending(s) > 0:
@@ -400,6 +419,7 @@ def bench_latency(
     relay_args: tuple[str, ...] = (),
     breakdown: bool = False,
     env: dict[str, str] | None = None,
+    sampled_every: int | None = None,
 ) -> LatencyRun:
     """Writers commit one event per transaction at `rate`; each event's time from the commit returning to
     a consumer receiving it. With `breakdown` (postbox only) the relay runs at debug level, whose
@@ -438,7 +458,14 @@ def bench_latency(
             deadline = next_at + seconds
             i = writer
             while time.perf_counter() < deadline:
-                event_id = enqueue(conn, aggregate_type, f"o-{i % 1000}", "Placed", {"pad": payload[:200]})
+                event_id = enqueue(
+                    conn,
+                    aggregate_type,
+                    f"o-{i % 1000}",
+                    "Placed",
+                    {"pad": payload[:200]},
+                    writer_context(i, sampled_every),
+                )
                 conn.commit()
                 committed[str(event_id)] = time.time()
                 i += writers
@@ -854,27 +881,32 @@ def per_request(runs: list[WebhookRun], seconds: Callable[[WebhookRun], float]) 
     return f"{statistics.median(seconds(r) / max(1, r.wrk.answered_2xx) for r in runs) * 1e6:.0f} us"
 
 
-def tracing_variants(sink: OtlpReceiver, folder: Path) -> list[tuple[str, dict[str, str]]]:
+@dataclass
+class TracingVariant:
+    label: str
+    env: dict[str, str]  # added to the relay's environment
+    sampled_every: int | None = None  # the writers propagate a trace context, one in this many sampled
+
+
+def tracing_variants(sink: OtlpReceiver, folder: Path) -> list[TracingVariant]:
     """The relay's environments for the tracing part: OpenTelemetry absent (an importable-looking package
     that refuses to import shadows it, as on a machine without postbox[otel]), installed but off (no
-    OTEL_* variable), and on with every span exported to `sink` or 1% of them."""
+    OTEL_* variable), on with every span exported to `sink` or 1% of them by the relay's own sampler
+    (rows without a writer's context); then rows that carry a writer's context (its traceparent header,
+    1% of them sampled), with the relay's tracing off and on with the default parent-based sampler."""
     hidden = folder / "opentelemetry"
     hidden.mkdir(exist_ok=True)
     (hidden / "__init__.py").write_text('raise ImportError("hidden by the benchmark: no OpenTelemetry")\n')
     python_path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
     exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}
+    ratio = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"}
     return [
-        ("OpenTelemetry not installed  ", {"PYTHONPATH": python_path}),
-        ("installed, tracing off       ", {}),
-        ("on, always_on                ", {**exporting, "OTEL_TRACES_SAMPLER": "always_on"}),
-        (
-            "on, parentbased ratio 0.01   ",
-            {
-                **exporting,
-                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                "OTEL_TRACES_SAMPLER_ARG": "0.01",
-            },
-        ),
+        TracingVariant("OpenTelemetry not installed     ", {"PYTHONPATH": python_path}),
+        TracingVariant("installed, tracing off          ", {}),
+        TracingVariant("on, always_on                   ", {**exporting, "OTEL_TRACES_SAMPLER": "always_on"}),
+        TracingVariant("on, relay samples 1%            ", {**exporting, **ratio}),
+        TracingVariant("off, writers' context in rows   ", {}, sampled_every=100),
+        TracingVariant("on, writers sample 1% (default) ", exporting, sampled_every=100),
     ]
 
 
@@ -888,13 +920,15 @@ def bench_tracing(
     try:
         with tempfile.TemporaryDirectory() as folder:
             variants = tracing_variants(sink, Path(folder))
-            drains: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v, _ in variants}
+            drains: dict[str, list[tuple[float, float, float, float]]] = {v.label: [] for v in variants}
             exported: dict[str, int] = dict.fromkeys(drains, 0)
             for _ in range(runs):
-                for label, env in variants:
+                for v in variants:
                     before = sink.span_count
-                    drains[label].append(bench_drain(s, rows, payload, "postbox", 1, relay_args, env))
-                    exported[label] += sink.span_count - before  # the relay flushes its spans on exit
+                    drains[v.label].append(
+                        bench_drain(s, rows, payload, "postbox", 1, relay_args, v.env, v.sampled_every)
+                    )
+                    exported[v.label] += sink.span_count - before  # the relay flushes its spans on exit
             for label, results in drains.items():
                 print(
                     f"drain {label}: events/s {median_spread([r[0] for r in results])}; "
@@ -905,12 +939,19 @@ def bench_tracing(
                     flush=True,
                 )
             for rate in (1000, 5000):
-                latencies: dict[str, list[LatencyRun]] = {v: [] for v, _ in variants}
+                latencies: dict[str, list[LatencyRun]] = {v.label: [] for v in variants}
                 for _ in range(runs):
-                    for label, env in variants:
-                        latencies[label].append(
+                    for v in variants:
+                        latencies[v.label].append(
                             bench_latency(
-                                s, rate, latency_seconds, "postbox", payload, relay_args=relay_args, env=env
+                                s,
+                                rate,
+                                latency_seconds,
+                                "postbox",
+                                payload,
+                                relay_args=relay_args,
+                                env=v.env,
+                                sampled_every=v.sampled_every,
                             )
                         )
                 for label, measured in latencies.items():

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -29,6 +30,7 @@ from tests.support import (
     read_topic,
     wait_until,
 )
+from tests.waterfall import render
 
 pytestmark = pytest.mark.integration
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -177,6 +179,9 @@ def test_one_trace_runs_from_the_writer_through_the_relay_to_the_handler_and_a_d
     }
     # Applied once: one handler span, one effect row.
     assert db.execute("SELECT count(*) FROM traced_effects WHERE order_id = %s", (order,)).fetchone() == (1,)
+    picture = os.environ.get("POSTBOX_TRACE_WATERFALL")
+    if picture:  # the README's picture of a trace
+        Path(picture).write_text(render(in_trace))
 
 
 def test_a_webhook_has_a_receive_span_and_its_processing_links_to_it(
@@ -194,6 +199,7 @@ def test_a_webhook_has_a_receive_span_and_its_processing_links_to_it(
         )
         assert status == 200
         assert receiver.post("stripe", poison, stripe_headers(poison))[0] == 200
+        assert receiver.post("stripe", good, stripe_headers(good))[0] == 200  # Stripe retrying it
         assert receiver.terminate() == 0
     with WorkerProcess(servers.database_url, schema, env=env) as worker:
         wait_until(
@@ -206,15 +212,20 @@ def test_a_webhook_has_a_receive_span_and_its_processing_links_to_it(
         )
         assert worker.terminate() == 0
 
-    receives = {s.attributes["postbox.webhook.accepted"]: s for s in otlp.named("POST /webhooks/stripe")}
-    assert len(otlp.named("POST /webhooks/stripe")) == 2
-    for span in receives.values():
+    receives = sorted(otlp.named("POST /webhooks/stripe"), key=lambda s: s.start_ns)
+    assert len(receives) == 3
+    for span in receives:
         assert span.kind == "SERVER"
         assert span.service == "postbox-webhook-receiver"
         assert span.attributes["http.response.status_code"] == 200
+    assert [s.attributes["postbox.webhook.accepted"] for s in receives] == [1, 1, 0]
+    assert receives[2].event("postbox.duplicate") == {"reason": "event id already received", "events": 1}
+    assert receives[0].event("postbox.duplicate") is None
     good_id, poison_id = json.loads(good)["id"], json.loads(poison)["id"]
-    processed = {s.attributes["messaging.message.id"]: s for s in otlp.named("process webhook stripe")}
-    good_span = processed[good_id]
+    good_span = only(
+        [s for s in otlp.named("process webhook stripe") if s.attributes["messaging.message.id"] == good_id],
+        "the good event's processing (once, though it was received twice)",
+    )
     assert good_span.kind == "CONSUMER"
     assert good_span.service == "postbox-webhook-worker"
     assert good_span.attributes["postbox.webhook.outcome"] == "done"

@@ -285,16 +285,25 @@ def test_an_invalid_otel_setting_fails_config_check_and_the_daemons_start() -> N
     assert "postbox relay run: error: OTEL_EXPORTER_OTLP_PROTOCOL='grpc'" in started.stderr
 
 
-def test_a_message_the_writer_did_not_sample_costs_no_recorded_span_but_keeps_its_trace(
-    exported: tuple[trace.Tracer, InMemorySpanExporter],
+@pytest.mark.parametrize("follows_parent", [False, True])
+def test_a_message_the_writer_did_not_sample_records_nothing_and_keeps_its_trace(
+    exported: tuple[trace.Tracer, InMemorySpanExporter], follows_parent: bool
 ) -> None:
     tracer, exporter = exported  # parent-based sampling, the SDK's default: the writer's flag decides
     writer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
-    messages = [to_message(_row(1, {"traceparent": writer}), "outbox.event.order")]
-    spans = PublishSpans(tracer).start([_row(1, {"traceparent": writer})], messages)
-    PublishSpans.end(spans, [DELIVERED], [RowState.PUBLISHED], [Ack(0, 1, 1)])
-    assert exporter.get_finished_spans() == ()
+    sampled = "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"
+    rows = [_row(1, {"traceparent": writer}), _row(2, {"traceparent": sampled})]
+    messages = [to_message(row, "outbox.event.order") for row in rows]
+    spans = PublishSpans(tracer, follows_parent).start(rows, messages)
+    PublishSpans.end(spans, [DELIVERED] * 2, [RowState.PUBLISHED] * 2, [Ack(0, 1, 1), Ack(0, 2, 2)])
+    (recorded,) = exporter.get_finished_spans()  # only the sampled writer's message has a span
+    assert recorded.attributes is not None
+    assert recorded.attributes["postbox.outbox.row_id"] == 2
     traceparent = carrier_of(dict(messages[0].headers))["traceparent"]
     version, trace_id, span_id, flags = traceparent.split("-")
     assert (version, trace_id, flags) == ("00", "0af7651916cd43dd8448eb211c80319c", "00")
-    assert span_id != "b7ad6b7169203331"  # the relay's own (unrecorded) span, as the SDK makes it
+    if follows_parent:  # no span made at all: the writer's context goes on as it is
+        assert spans[0] is None
+        assert traceparent == writer
+    else:  # the SDK's unrecorded span, with an id of its own
+        assert span_id != "b7ad6b7169203331"

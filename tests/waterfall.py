@@ -1,0 +1,47 @@
+"""A text waterfall of one trace from the spans an OTLP receiver decoded (tests/otlp.py): each span under
+its parent, a bar where it ran on the trace's clock, its duration and its events. The README's picture of
+a trace is this output (tests/integration/test_tracing.py writes it to POSTBOX_TRACE_WATERFALL when set)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tests.otlp import ReceivedSpan
+
+_NAME_WIDTH = 44
+
+
+def render(spans: Sequence[ReceivedSpan], width: int = 40) -> str:
+    """The spans of one trace, parents before children and siblings by start time. A span whose parent
+    is not among them (the trace's root, or a span whose parent was not exported) starts a tree."""
+    if not spans:
+        return "(no spans)\n"
+    start = min(s.start_ns for s in spans)
+    total = max(max(s.end_ns for s in spans) - start, 1)
+    ids = {s.span_id for s in spans}
+    children: dict[str, list[ReceivedSpan]] = {}
+    for span in spans:
+        parent = span.parent_span_id if span.parent_span_id in ids else ""
+        children.setdefault(parent, []).append(span)
+    service_width = max(len(s.service) for s in spans)
+    lines = [
+        f"trace {spans[0].trace_id}: {len(spans)} spans, {total / 1e6:.1f} ms",
+        f"{'service':{service_width}}  {'span':{_NAME_WIDTH}} {'kind':9} "
+        f"|{'0 ms':<{width // 2}}{f'{total / 1e6:.0f} ms':>{width - width // 2}}|",
+    ]
+
+    def walk(parent: str, depth: int) -> None:
+        for span in sorted(children.get(parent, []), key=lambda s: s.start_ns):
+            first = int((span.start_ns - start) / total * width)
+            last = max(first + 1, round((span.end_ns - start) / total * width))
+            bar = "." * first + "#" * (last - first) + "." * (width - last)
+            name = ("  " * depth + span.name)[:_NAME_WIDTH]
+            events = "".join(f"  <{name}>" for name, _ in span.events)
+            lines.append(
+                f"{span.service:{service_width}}  {name:{_NAME_WIDTH}} {span.kind:9} |{bar[:width]}| "
+                f"{(span.end_ns - span.start_ns) / 1e6:7.1f} ms{events}"
+            )
+            walk(span.span_id, depth + 1)
+
+    walk("", 0)
+    return "\n".join(lines) + "\n"
