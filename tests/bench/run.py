@@ -17,6 +17,9 @@ Debezium needs, so both tools see the same database):
   commit returning to a consumer receiving the message (so it includes the consumer's fetch; the broker's
   ack comes earlier): postbox with NOTIFY on and off, and Debezium;
 - resident memory (peak) and CPU seconds of each publishing process;
+- tracing: one relay's drain and steady-state latency with OpenTelemetry absent, installed but off, and
+  on (every span, 1% by the relay's sampler, 1% by the writers' with the default parent-based sampler),
+  exporting OTLP/HTTP to a receiver in this process;
 - the inbox consumer against its limit (the inbox's claim statement and commit, no Kafka) and against a
   raw confluent-kafka consumer on the same messages, at batch sizes 100, 500 and 1000 with a handler that
   does nothing, and at 500 with one that does one INSERT (`python -m tests.bench.profile_inbox` shows
@@ -1106,7 +1109,8 @@ def main() -> int:
             say(
                 f"\n-- tracing: the relay with OpenTelemetry absent, off and on (spans over OTLP/HTTP to a "
                 f"receiver in the benchmark's process, the SDK's default batch processor); drain of {rows:,} "
-                f"rows of 200 bytes written outside any trace, and steady state as above; runs interleaved --"
+                f"rows of 200 bytes, and steady state as above; rows without a trace context unless the "
+                f"variant names the writers'; runs interleaved --"
             )
             bench_tracing(s, rows, args.runs, args.latency_seconds, relay_args)
         if "consumers" in parts:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL
 from tests.apps.traced import SCHEMA_SQL as TRACED_SQL
-from tests.integration.test_webhooks import stripe_body, stripe_headers
+from tests.integration.test_webhooks import stripe_body, stripe_headers, wait_settled
 from tests.otlp import OtlpReceiver, ReceivedSpan
 from tests.servers import Servers
 from tests.support import (
@@ -30,7 +30,7 @@ from tests.support import (
     read_topic,
     wait_until,
 )
-from tests.waterfall import render
+from tests.waterfall import render, tree
 
 pytestmark = pytest.mark.integration
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -179,9 +179,19 @@ def test_one_trace_runs_from_the_writer_through_the_relay_to_the_handler_and_a_d
     }
     # Applied once: one handler span, one effect row.
     assert db.execute("SELECT count(*) FROM traced_effects WHERE order_id = %s", (order,)).fetchone() == (1,)
-    picture = os.environ.get("POSTBOX_TRACE_WATERFALL")
-    if picture:  # the README's picture of a trace
-        Path(picture).write_text(render(in_trace))
+    # The README's picture of a trace: each span under its parent, in order.
+    drawn = [(depth, span.name, [name for name, _ in span.events]) for depth, span in tree(in_trace)]
+    assert drawn == [
+        (0, "place order", []),
+        (1, f"send {topic}", []),
+        (2, f"process {topic}", []),
+        (3, "apply order", []),
+        (2, f"process {topic}", ["postbox.duplicate"]),
+    ]
+    picture = render(in_trace)
+    assert len(picture.splitlines()) == 2 + len(in_trace)
+    if os.environ.get("POSTBOX_TRACE_WATERFALL"):
+        Path(os.environ["POSTBOX_TRACE_WATERFALL"]).write_text(picture)
 
 
 def test_a_webhook_has_a_receive_span_and_its_processing_links_to_it(
@@ -202,14 +212,7 @@ def test_a_webhook_has_a_receive_span_and_its_processing_links_to_it(
         assert receiver.post("stripe", good, stripe_headers(good))[0] == 200  # Stripe retrying it
         assert receiver.terminate() == 0
     with WorkerProcess(servers.database_url, schema, env=env) as worker:
-        wait_until(
-            lambda: (
-                db.execute("SELECT count(*) FROM webhook_inbox WHERE status IN ('done', 'failed')").fetchone()
-                == (2,)
-            ),
-            30,
-            what="both events settled",
-        )
+        wait_settled(db, 2)
         assert worker.terminate() == 0
 
     receives = sorted(otlp.named("POST /webhooks/stripe"), key=lambda s: s.start_ns)

@@ -53,6 +53,18 @@ def stripe_headers(body: bytes, timestamp: int | None = None) -> dict[str, str]:
     return {"Stripe-Signature": stripe_signature_header(STRIPE_SECRET, body, timestamp or int(time.time()))}
 
 
+def wait_settled(db: Conn, events: int) -> None:
+    """Until `events` webhook events are done or parked (failed)."""
+    wait_until(
+        lambda: (
+            db.execute("SELECT count(*) FROM webhook_inbox WHERE status IN ('done', 'failed')").fetchone()
+            == (events,)
+        ),
+        30,
+        what=f"{events} events settled",
+    )
+
+
 def rows(db: Conn) -> list[tuple[object, ...]]:
     return db.execute("SELECT provider, event_id, status FROM webhook_inbox ORDER BY received_at").fetchall()
 
@@ -275,14 +287,7 @@ def test_a_poison_event_ends_failed_after_the_attempts_cap_and_the_rest_flow(
         assert receiver.post("stripe", body, stripe_headers(body))[0] == 200
     worker = WorkerProcess(servers.database_url, schema)
     try:
-        wait_until(
-            lambda: (
-                db.execute("SELECT count(*) FROM webhook_inbox WHERE status IN ('done', 'failed')").fetchone()
-                == (2,)
-            ),
-            30,
-            what="both events settled",
-        )
+        wait_settled(db, 2)
     finally:
         assert worker.terminate() == 0
     poison_id = json.loads(poison)["id"]
