@@ -1,6 +1,6 @@
 """A traced order service and its downstream, for the tracing test.
 
-`python -m tests.apps.traced DATABASE_URL SCHEMA ORDER_ID` is the writer: an application with its own
+`python -m tests.apps.traced DATABASE_URL SCHEMA ORDER_ID TOPIC` is the writer: an application with its own
 OpenTelemetry SDK setup (as a service would have), which places an order inside a span, with baggage,
 and enqueues its event in the same transaction without passing any trace header itself. It prints the
 span's trace id and span id.
@@ -32,7 +32,7 @@ def apply(tx: Any, message: Message) -> None:
         )
 
 
-def main(database_url: str, schema: str, order_id: str) -> None:
+def main(database_url: str, schema: str, order_id: str, topic: str) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
     from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
@@ -48,7 +48,8 @@ def main(database_url: str, schema: str, order_id: str) -> None:
     try:
         with tracer.start_as_current_span("place order") as span, connect(database_url, schema) as conn:
             with conn.transaction():
-                enqueue(conn, "order", order_id, "OrderPlaced", {"order": order_id}, schema=schema)
+                payload = {"order": order_id}
+                enqueue(conn, "order", order_id, "OrderPlaced", payload, topic=topic, schema=schema)
             ids = span.get_span_context()
             print(f"{ids.trace_id:032x} {ids.span_id:016x}", flush=True)
     finally:
@@ -57,4 +58,4 @@ def main(database_url: str, schema: str, order_id: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -25,6 +25,7 @@ from tests.support import (
     ReceiverProcess,
     RelayProcess,
     WorkerProcess,
+    create_topic,
     execute_script,
     produce_with_headers,
     read_topic,
@@ -69,11 +70,13 @@ def test_one_trace_runs_from_the_writer_through_the_relay_to_the_handler_and_a_d
     execute_script(db, TRACED_SQL)
     env = otel_env(otlp)
     order = f"o-{uuid.uuid4().hex[:8]}"
-    topic = "outbox.event.order"  # the default template; the order id keeps this test's record apart
+    # A topic of its own: other tests publish to outbox.event.order, and this consumer reads from the start.
+    topic = f"traced.{uuid.uuid4().hex[:8]}"
+    create_topic(servers.kafka_bootstrap, topic, 3)
 
     # The writer: its own SDK, a span around the transaction, no trace header passed by hand.
     written = subprocess.run(
-        [sys.executable, "-m", "tests.apps.traced", servers.database_url, schema, order],
+        [sys.executable, "-m", "tests.apps.traced", servers.database_url, schema, order, topic],
         cwd=REPO,
         env={**os.environ, **env},
         capture_output=True,
