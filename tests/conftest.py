@@ -6,7 +6,6 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from relay.core.migrate import migrate
 from tests.servers import Servers, provide_servers
 
 
@@ -17,11 +16,22 @@ def servers() -> Iterator[Servers]:
 
 
 @pytest.fixture
-def schema(servers: Servers) -> Iterator[str]:
-    """A freshly migrated schema of its own for each test, dropped afterwards."""
+def relay_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The relay's mode for this test: queue unless parametrized (indirect=True) with "log", in which case
+    the test's schema is switched to log mode and every relay the test starts runs with --mode log."""
+    mode = str(getattr(request, "param", "queue"))
+    if mode == "log":
+        monkeypatch.setenv("POSTBOX_RELAY_MODE", "log")
+    return mode
+
+
+@pytest.fixture
+def schema(servers: Servers, relay_mode: str) -> Iterator[str]:
+    """A freshly migrated schema of its own for each test (in the test's relay mode), dropped afterwards."""
+    from tests.support import prepare_outbox  # noqa: PLC0415
+
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(servers.database_url, autocommit=True) as conn:
-        migrate(conn, name)
+    prepare_outbox(servers.database_url, name, relay_mode)
     yield name
     with psycopg.connect(servers.database_url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA "{name}" CASCADE')

@@ -43,6 +43,10 @@ GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, paylo
 GRANT SELECT, UPDATE (state, published_at, attempts, last_error) ON :"schema".outbox TO postbox_relay;
 GRANT SELECT, UPDATE ON :"schema".outbox_shard_lease TO postbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox_relay;
+-- Log mode: takes ticks (and deletes those every cursor has passed) and moves its cursors.
+GRANT SELECT, INSERT, DELETE ON :"schema".outbox_tick TO postbox_relay;
+GRANT SELECT, UPDATE ON :"schema".outbox_cursor TO postbox_relay;
+GRANT SELECT ON :"schema".outbox_mode TO postbox_relay;
 -- Pruning published rows (--prune-retention or --delete-on-publish in the daemon) also needs DELETE;
 -- `postbox relay prune` can run as the migrator instead:
 --   GRANT DELETE ON :"schema".outbox TO postbox_relay;

@@ -143,7 +143,8 @@ class LocalPostgres:
     def _pg_ctl_start(self) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base_dir} "
-            "-c max_connections=200 -c shared_buffers=256MB"
+            # Prepared transactions on: log mode's tests hold one open across the relay's reads.
+            "-c max_connections=200 -c shared_buffers=256MB -c max_prepared_transactions=8"
         ) + "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(
             "pg_ctl",

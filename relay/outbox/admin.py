@@ -10,6 +10,7 @@ import psycopg
 
 from relay.core.batched import delete_in_batches
 from relay.core.sql import query
+from relay.outbox.log_reader import take_tick
 
 QUERIES = Path(__file__).with_name("queries.sql")
 
@@ -58,6 +59,62 @@ def requeue(
         return sorted(int(str(r[0])) for r in rows)
 
 
+class SwitchRefused(RuntimeError):
+    """The outbox could not be locked for a switch of modes in time (relays or writers hold it)."""
+
+
+@dataclass(frozen=True)
+class LogProgress:
+    tick_age_seconds: float  # the newest tick's age
+    oldest_open_transaction_seconds: float
+    cursor_lag_seconds: dict[int, float]  # shard -> behind the newest tick; only shards ever switched
+    shards_behind_switch: int  # after a switch back to queue mode: shards whose log is not read to it
+
+
+def log_progress(conn: psycopg.Connection[tuple[object, ...]]) -> LogProgress:
+    ages = conn.execute(query(QUERIES, "log_ages")).fetchone()
+    behind = conn.execute(query(QUERIES, "log_behind_switch")).fetchone()
+    assert ages is not None
+    assert behind is not None
+    lag = {int(str(s)): float(str(v)) for s, v in conn.execute(query(QUERIES, "log_cursor_lag"))}
+    return LogProgress(float(str(ages[0])), float(str(ages[1])), lag, int(str(behind[0])))
+
+
+def switch_mode(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, mode: str, lock_timeout: float = 5.0
+) -> int:
+    """Switch the outbox to log or queue mode in one transaction; returns the switch's tick. The relays
+    must be stopped: each open batch holds a lock on the outbox, and one relay's lanes would wait for each
+    other behind this switch's lock (SwitchRefused after lock_timeout; writers wait that long at most).
+
+    Writers wait for the table lock, so every row written before the switch has the old mode's state and
+    every row after it the new one. To log mode: every cursor starts at this tick (rows visible in its
+    snapshot are the queue's, still pending or published), and a shard's pending rows are claimed before
+    its log is read. To queue mode: the cursors stay, and a shard's pending rows are claimed only once
+    relays in log mode have read its log to this tick (all logged rows are visible in it)."""
+    if mode not in ("log", "queue"):
+        raise ValueError(f"mode must be log or queue, not {mode!r}")
+    with conn.transaction():
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
+        try:
+            conn.execute(query(QUERIES, "log_switch_lock"))
+        except psycopg.errors.LockNotAvailable:
+            raise SwitchRefused(
+                f"could not lock the outbox within {lock_timeout:g} s: stop the relays first (writers may go "
+                "on; a long-running writer's transaction must end)"
+            ) from None
+        conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        conn.execute(query(QUERIES, "log_switch_to_log" if mode == "log" else "log_switch_to_queue"))
+        take_tick(conn, schema, 0.0)
+        found = conn.execute(query(QUERIES, "log_latest_tick")).fetchone()
+        assert found is not None
+        tick = int(str(found[0]))
+        if mode == "log":
+            conn.execute(query(QUERIES, "log_start_cursors"), {"tick": tick})
+        conn.execute(query(QUERIES, "log_record_switch"), {"mode": mode, "tick": tick})
+        return tick
+
+
 def prune(
     conn: psycopg.Connection[tuple[object, ...]],
     retention: timedelta,
@@ -66,8 +123,10 @@ def prune(
 ) -> int:
     """Delete published rows older than `retention`, a small batch per transaction; returns rows deleted.
 
-    Only rows in state 'published' qualify: a pending or parked row is never deleted.
+    Only rows published in queue mode ('published') or read in log mode (logged rows their shard's cursor
+    has passed) qualify: a row still to publish or a parked one is never deleted.
     """
-    return delete_in_batches(
-        conn, query(QUERIES, "prune_batch"), {"retention": retention}, batch_size, max_batches
+    return sum(
+        delete_in_batches(conn, query(QUERIES, name), {"retention": retention}, batch_size, max_batches)
+        for name in ("prune_batch", "log_prune_batch")
     )

@@ -32,6 +32,14 @@ def add_relay_commands(commands: Any) -> None:
     requeue.add_argument("--all", action="store_true", help="requeue every failed row")
     requeue.set_defaults(handler=_cmd_requeue)
 
+    switch = sub.add_parser(
+        "switch-mode",
+        help="switch the outbox to log mode (append-only, read in commit order) or back to queue mode",
+    )
+    add_flags(switch, DatabaseSettings)
+    switch.add_argument("mode", choices=["log", "queue"])
+    switch.set_defaults(handler=_cmd_switch_mode)
+
     prune = sub.add_parser("prune", help="delete published rows older than a retention, in small batches")
     add_flags(prune, PruneSettings)
     prune.set_defaults(handler=_cmd_prune)
@@ -90,10 +98,12 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
 def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     from relay.core.db import connect  # noqa: PLC0415
     from relay.core.sql import query  # noqa: PLC0415
-    from relay.outbox.admin import QUERIES, status  # noqa: PLC0415
+    from relay.outbox.admin import QUERIES, log_progress, status  # noqa: PLC0415
+    from relay.outbox.log_reader import log_started  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         st = status(conn)
+        progress = log_progress(conn) if log_started(conn) else None
         failed = conn.execute(query(QUERIES, "failed_rows"), {"limit": args.show_failed}).fetchall()
     print(f"backlog            {st.backlog} rows")
     print(f"oldest unpublished {st.oldest_pending_seconds:.1f} s")
@@ -101,6 +111,13 @@ def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.Argume
     print(f"unowned shards     {st.unowned_shards} of 64")
     for owner, count, expires in st.owners:
         print(f"  {owner:40} {count:3} shards, lease ends in {expires:.1f} s")
+    if progress is not None:
+        print(f"log newest tick   {progress.tick_age_seconds:.1f} s ago")
+        lag = max(progress.cursor_lag_seconds.values(), default=0.0)
+        print(f"log furthest behind {lag:.1f} s of ticks")
+        print(f"log oldest open transaction {progress.oldest_open_transaction_seconds:.1f} s")
+        if progress.shards_behind_switch:
+            print(f"log not yet read to the switch to queue mode: {progress.shards_behind_switch} shards")
     for row in failed:
         print(
             f"  failed id={row[0]} event_id={row[1]} {row[2]}/{row[3]} {row[4]} attempts={row[5]}: {row[6]}"
@@ -123,6 +140,26 @@ def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.Argum
             error_like=args.error_like,
         )
     print(f"requeued {len(ids)} rows" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
+    return 0
+
+
+def _cmd_switch_mode(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.outbox.admin import SwitchRefused, switch_mode  # noqa: PLC0415
+
+    with connect(settings.database_url, settings.schema) as conn:
+        try:
+            tick = switch_mode(conn, settings.schema, args.mode)
+        except SwitchRefused as exc:
+            print(f"not switched: {exc}")
+            return 1
+    if args.mode == "log":
+        print(f"the outbox is in log mode from tick {tick}: start the relays with --mode log")
+    else:
+        print(
+            f"the outbox is in queue mode from tick {tick}: start the relays with --mode log still; once "
+            "`postbox relay status` no longer shows the log unread to the switch, run them with --mode queue"
+        )
     return 0
 
 

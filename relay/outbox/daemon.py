@@ -33,6 +33,7 @@ from relay.core.tracing import TRACING_OFF, Tracing
 from relay.outbox import admin
 from relay.outbox.errors import Disposition
 from relay.outbox.leases import LeaseKeeper
+from relay.outbox.log_reader import LogPage, LogReader, log_started, outbox_in_log_mode, prune_ticks
 from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from relay.outbox.publisher import Publisher, Sending
@@ -105,6 +106,7 @@ class InFlight:
     claimed_at: float = 0.0
     claim_seconds: float = 0.0
     spans: list[Any] | None = None  # one publish span per message sent, when tracing is on
+    log_page: LogPage | None = None  # log mode: the window page these rows came from (else a claim)
 
 
 class Relay:
@@ -137,6 +139,11 @@ class Relay:
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
         self._spans: PublishSpans | None = None
+        self._log = (
+            LogReader(settings.schema, settings.relay_id, settings.tick_interval)
+            if settings.mode == "log"
+            else None
+        )
         if tracing.tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
             from relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
@@ -203,6 +210,7 @@ class Relay:
         self._lease_conn = self._connect(True)
         self._lock_relay_id(self._lease_conn)
         self._waiting_for_id = None
+        self._check_mode(self._lease_conn)
         if self.settings.delete_on_publish:
             allowed = self._lease_conn.execute(query(QUERIES, "may_delete")).fetchone()
             if not (allowed and allowed[0]):
@@ -217,6 +225,26 @@ class Relay:
         self.leases = LeaseKeeper(self._lease_conn, self.settings.relay_id, self.settings.lease_ttl)
         self.connected = True
         log.info("relay_connected")
+
+    def _check_mode(self, conn: Connection) -> None:
+        """Refuse a mode that would leave rows unread: a queue relay on a log-mode outbox never reads the
+        log, and a log relay on an outbox never switched has no cursors."""
+        in_log_mode = outbox_in_log_mode(conn)
+        if in_log_mode and self._log is None:
+            raise RelayConfigurationError(
+                "the outbox is in log mode: run the relay with --mode log (POSTBOX_RELAY_MODE=log), or "
+                "switch the outbox back first (postbox relay switch-mode queue)"
+            )
+        if self._log is not None and not in_log_mode and not log_started(conn):
+            raise RelayConfigurationError(
+                "--mode log: the outbox is in queue mode; switch it first (postbox relay switch-mode log)"
+            )
+        behind = admin.log_progress(conn).shards_behind_switch if log_started(conn) else 0
+        if self._log is None and behind:
+            raise RelayConfigurationError(
+                f"the outbox was switched back to queue mode, but the log of {behind} shards is not read "
+                "to the switch yet: run the relays with --mode log until `postbox relay status` shows it read"
+            )
 
     def _lock_relay_id(self, conn: Connection) -> None:
         """Hold the relay id's session lock on the lease connection, or raise RelayIdInUse."""
@@ -386,10 +414,12 @@ class Relay:
             **self._topics.claim_filter(),
         }
         woke_at = self._woke_at
-        result = conn.execute(query(QUERIES, "claim_batch"), claim_params).fetchall()
+        result, log_page = self._claim(conn, lane, claim_params)
         claimed_at, claim_seconds = time.time(), time.perf_counter() - started
         if not result:
-            conn.rollback()  # ends the transaction, and with it the shards' advisory locks
+            # Ends the transaction, and with it the shards' locks; log mode keeps the cursors it moved
+            # past empty windows.
+            conn.commit()
             return None
         rows = [OutboxRow(*r[:-1]) for r in result]
         claimed = int(result[0][-1])  # rows the claim took; more than len(rows) when cut at the byte budget
@@ -445,7 +475,21 @@ class Relay:
             claimed_at,
             claim_seconds,
             spans,
+            log_page,
         )
+
+    def _claim(
+        self, conn: Connection, lane: list[int], params: dict[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], LogPage | None]:
+        """The batch's rows: claimed pending rows, or in log mode when there are none the next page of the
+        log. Which of a shard's rows are older, its pending or its logged ones, the SQL decides from the
+        last switch of modes (migration 0006's outbox_mode), in the statement that reads them."""
+        claimed = conn.execute(query(QUERIES, "claim_batch"), params).fetchall()
+        if claimed or self._log is None:
+            return claimed, None
+        assert self._lease_conn is not None
+        read = self._log.read(conn, self._lease_conn, lane, params)
+        return (read[0], read[1]) if read is not None else ([], None)
 
     def _finish(self, batch: InFlight) -> None:
         """Wait for the batch's delivery reports, mark its rows in its transaction, commit."""
@@ -471,15 +515,21 @@ class Relay:
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.blocked))
-        marked = batch.conn.execute(
-            query(QUERIES, "mark_batch_deleting" if self.settings.delete_on_publish else "mark_batch"),
-            {
-                "relay_id": self.settings.relay_id,
-                "ids": [o.row_id for o in outcome.rows],
-                "states": [o.state.value for o in outcome.rows],
-                "errors": [o.error for o in outcome.rows],
-            },
-        ).rowcount
+        if batch.log_page is not None:
+            assert self._log is not None
+            marked = self._log.finish(
+                batch.conn, batch.log_page, [(r.id, r.shard) for r in rows], outcome.rows
+            )
+        else:
+            marked = batch.conn.execute(
+                query(QUERIES, "mark_batch_deleting" if self.settings.delete_on_publish else "mark_batch"),
+                {
+                    "relay_id": self.settings.relay_id,
+                    "ids": [o.row_id for o in outcome.rows],
+                    "states": [o.state.value for o in outcome.rows],
+                    "errors": [o.error for o in outcome.rows],
+                },
+            ).rowcount
         batch.conn.commit()
         self._record(batch, outcome, marked, acked_at)
 
@@ -564,6 +614,13 @@ class Relay:
         self.metrics.oldest_pending_seconds.set(current.oldest_pending_seconds)
         self.metrics.failed_rows.set(current.failed)
         self.metrics.unowned_shards.set(current.unowned_shards)
+        if self._log is not None:
+            prune_ticks(self._lease_conn)
+            progress = admin.log_progress(self._lease_conn)
+            self.metrics.log_tick_age_seconds.set(progress.tick_age_seconds)
+            self.metrics.log_oldest_open_transaction_seconds.set(progress.oldest_open_transaction_seconds)
+            for shard, lag in progress.cursor_lag_seconds.items():
+                self.metrics.log_cursor_lag_seconds.labels(str(shard)).set(lag)
 
     def _maybe_prune(self) -> None:
         retention = self.settings.prune_retention

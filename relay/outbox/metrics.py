@@ -109,6 +109,23 @@ class RelayMetrics:
             "Produce request retries so far (librdkafka statistics txretries)",
             registry=registry,
         )
+        self.log_tick_age_seconds = Gauge(
+            "postbox_relay_log_tick_age_seconds",
+            "Log mode: age of the newest tick (grows while no relay reads: nothing new, or no relay)",
+            registry=registry,
+        )
+        self.log_cursor_lag_seconds = Gauge(
+            "postbox_relay_log_cursor_lag_seconds",
+            "Log mode: how far each shard's cursor is behind the newest tick (tick time)",
+            ["shard"],
+            registry=registry,
+        )
+        self.log_oldest_open_transaction_seconds = Gauge(
+            "postbox_relay_log_oldest_open_transaction_seconds",
+            "Log mode: age of the oldest transaction with an id still open: its outbox rows, if any, are "
+            "published only after it commits; it holds back no other transaction's rows",
+            registry=registry,
+        )
         self.blocked_topics = Gauge(
             "postbox_relay_blocked_topics",
             "Topics held back by a configuration error (unknown, not authorised)",

@@ -31,6 +31,11 @@ WITH claimed AS MATERIALIZED (
             WHERE pg_try_advisory_xact_lock(%(lock_space)s, s)))
       AND NOT (coalesce(topic, '') = ANY (%(blocked_topics)s::text[]))
       AND NOT (topic IS NULL AND aggregate_type = ANY (%(blocked_types)s::text[]))
+      -- Switched back from log mode: a shard's pending rows wait until its cursor has read the log to
+      -- the switch (outbox_mode, migration 0006). Never switched, or in log mode: no condition.
+      AND (coalesce((SELECT m.mode FROM outbox_mode AS m), 'log') = 'log'
+           OR shard = ANY (ARRAY(SELECT c.shard FROM outbox_cursor AS c
+                                 WHERE c.tick >= (SELECT m.tick FROM outbox_mode AS m))))
     ORDER BY id, shard
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -233,3 +238,181 @@ WHERE id IN (
     WHERE state = 'published' AND published_at < clock_timestamp() - %(retention)s::interval
     ORDER BY id
     LIMIT %(limit)s)
+
+-- Log mode (--mode log; schemas/migrations/0006_outbox_log.sql says how it reads in commit order).
+
+-- name: log_mode_of_outbox
+SELECT coalesce((SELECT mode = 'log' FROM outbox_mode), false)
+
+-- name: log_lock_cursors
+-- The cursors of the lane's shards that no other open batch holds (the row locks last to the end of the
+-- batch's transaction: a shard is in one open batch at a time). In log mode a shard with pending rows
+-- (older than its logged ones: from before the switch, or requeued) waits until they are claimed.
+SELECT c.shard, c.tick, c.window_to, c.last_id, c.max_id
+FROM outbox_cursor AS c
+WHERE c.shard = ANY (%(shards)s::integer[]) AND c.tick IS NOT NULL
+  AND NOT (coalesce((SELECT m.mode FROM outbox_mode AS m), 'queue') = 'log'
+           AND c.shard = ANY (ARRAY(SELECT DISTINCT o.shard FROM outbox AS o WHERE o.state = 'pending')))
+ORDER BY c.shard
+FOR UPDATE OF c SKIP LOCKED
+
+-- name: log_latest_tick
+SELECT tick FROM outbox_tick ORDER BY tick DESC LIMIT 1
+
+-- name: log_tick_lock
+-- Ticks are taken one at a time, so a later tick always has a later snapshot. The snapshot is taken by
+-- the next statement (READ COMMITTED takes one per statement), after this lock is held.
+SELECT pg_advisory_xact_lock(%(key)s)
+
+-- name: log_take_tick
+-- A new tick, unless one was taken less than min_age ago (many lanes and replicas ask at once).
+INSERT INTO outbox_tick (tick, snapshot)
+SELECT coalesce(max(tick), 0) + 1, pg_current_snapshot()
+FROM outbox_tick
+HAVING coalesce(max(taken_at) <= clock_timestamp() - %(min_age)s::interval, true)
+RETURNING tick
+
+-- name: log_snapshots
+-- A window's two snapshots, taken apart for log_window_bounds' index conditions.
+SELECT p.snapshot::text, pg_snapshot_xmax(p.snapshot)::text, array(SELECT pg_snapshot_xip(p.snapshot))::text[],
+       c.snapshot::text, pg_snapshot_xmax(c.snapshot)::text
+FROM outbox_tick AS p, outbox_tick AS c
+WHERE p.tick = %(tick)s AND c.tick = %(window_to)s
+
+-- name: log_window_bounds
+-- The id range of a window's rows in some shards: rows whose transaction had finished at the later
+-- snapshot (cur) and not at the earlier one (prev), i.e. started at or after prev's xmax or in progress
+-- at prev. Both halves walk outbox_log_idx on txid, so only the window's own rows are read; the pages
+-- then walk the primary key over this range.
+SELECT min(id), max(id) FROM (
+    SELECT id FROM outbox
+    WHERE state = 'logged'
+      AND txid >= %(prev_xmax)s::xid8 AND txid < %(cur_xmax)s::xid8
+      AND pg_visible_in_snapshot(txid, %(cur)s::pg_snapshot)
+      AND shard = ANY (%(shards)s::integer[])
+    UNION ALL
+    SELECT id FROM outbox
+    WHERE state = 'logged'
+      AND txid = ANY (%(prev_xip)s::text[]::xid8[])
+      AND pg_visible_in_snapshot(txid, %(cur)s::pg_snapshot)
+      AND shard = ANY (%(shards)s::integer[])
+) AS w
+
+-- name: log_read
+-- The next page of a window in id order: rows with id past their shard's last_id, up to the window's
+-- max_id, written by a transaction that finished between the two snapshots. Ids within a window follow
+-- the order of the writes: a transaction that wrote after another committed has the higher ids. The
+-- byte budget and the unloaded oversized rows are claim_batch's, and so are the columns returned.
+WITH page AS MATERIALIZED (
+    SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic,
+           shard, created_at, message_bytes, (message_bytes <= %(max_message_bytes)s) AS fits
+    FROM outbox
+    WHERE id > %(from_id)s AND id <= %(max_id)s
+      AND state = 'logged'
+      AND shard = ANY (%(shards)s::integer[])
+      AND id > (%(last_ids)s::bigint[])[shard + 1]
+      AND pg_visible_in_snapshot(txid, %(cur)s::pg_snapshot)
+      AND NOT pg_visible_in_snapshot(txid, %(prev)s::pg_snapshot)
+    ORDER BY id
+    LIMIT %(limit)s
+), budgeted AS (
+    SELECT p.*,
+           sum(CASE WHEN p.fits THEN p.message_bytes ELSE 0 END)
+               OVER (ORDER BY p.id ROWS UNBOUNDED PRECEDING) AS running,
+           count(*) OVER () AS claimed_rows
+    FROM page AS p
+)
+SELECT id, event_id::text,
+       CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END,
+       CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END,
+       CASE WHEN fits THEN event_type ELSE left(event_type, 200) END,
+       CASE WHEN fits THEN payload::text END,
+       CASE WHEN fits THEN payload_bytes END,
+       CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END,
+       CASE WHEN fits THEN topic ELSE left(topic, 200) END,
+       shard, extract(epoch FROM created_at)::float8, message_bytes, claimed_rows
+FROM budgeted
+WHERE running - CASE WHEN fits THEN message_bytes ELSE 0 END < %(max_batch_bytes)s
+ORDER BY id
+
+-- name: log_advance
+-- The batch's cursors, in its transaction, fenced like mark_batch on the shard leases.
+UPDATE outbox_cursor AS c
+SET tick = u.tick, window_to = u.window_to, last_id = u.last_id, max_id = u.max_id,
+    updated_at = clock_timestamp()
+FROM unnest(%(shards)s::integer[], %(ticks)s::bigint[], %(window_tos)s::bigint[], %(last_ids)s::bigint[],
+            %(max_ids)s::bigint[]) AS u(shard, tick, window_to, last_id, max_id)
+WHERE c.shard = u.shard
+  AND c.shard IN (SELECT shard FROM outbox_shard_lease
+                  WHERE owner = %(relay_id)s AND expires_at > clock_timestamp())
+RETURNING c.shard
+
+-- name: log_park
+-- A row that can never be published leaves the log for the parked rows (state failed), where `postbox
+-- relay status` shows it and `postbox relay requeue` puts it back (to pending: the relay claims those
+-- first, in either mode). The one write to a row log mode makes, and only to a parked one.
+UPDATE outbox AS t
+SET state = 'failed', attempts = least(t.attempts, 2147483646) + 1, last_error = o.error
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS o(id, error)
+WHERE t.id = o.id AND t.state = 'logged'
+  AND t.shard IN (SELECT shard FROM outbox_shard_lease
+                  WHERE owner = %(relay_id)s AND expires_at > clock_timestamp())
+
+-- name: log_prune_ticks
+-- Ticks before the oldest cursor's are never read again.
+DELETE FROM outbox_tick WHERE tick < (SELECT min(tick) FROM outbox_cursor)
+
+-- name: log_cursor_lag
+-- Log mode's progress per shard: how far (in tick time) each cursor is behind the newest tick.
+SELECT c.shard, extract(epoch FROM (SELECT max(taken_at) FROM outbox_tick) - t.taken_at)::float8
+FROM outbox_cursor AS c
+JOIN outbox_tick AS t ON t.tick = c.tick
+ORDER BY c.shard
+
+-- name: log_ages
+-- The newest tick's age, and the oldest open transaction with an id (any table, any database).
+SELECT coalesce(extract(epoch FROM clock_timestamp() - (SELECT max(taken_at) FROM outbox_tick)), 0)::float8,
+       coalesce((SELECT extract(epoch FROM clock_timestamp() - min(xact_start))
+                 FROM pg_stat_activity WHERE backend_xid IS NOT NULL), 0)::float8
+
+-- name: log_prune_batch
+-- One small batch of logged rows past the retention that their shard's cursor has passed (visible in the
+-- snapshot of the cursor's tick). Never a row still to read, a pending or a parked one.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT o.id FROM outbox AS o
+    JOIN outbox_cursor AS c ON c.shard = o.shard
+    JOIN outbox_tick AS t ON t.tick = c.tick
+    WHERE o.state = 'logged' AND o.created_at < clock_timestamp() - %(retention)s::interval
+      AND pg_visible_in_snapshot(o.txid, t.snapshot)
+    ORDER BY o.id
+    LIMIT %(limit)s)
+
+-- name: log_switch_lock
+-- Switching modes changes the state default: writers wait for this lock, so no row is written in the
+-- old mode after the switch's tick, and none in the new mode before it. A running relay holds locks on
+-- the outbox in every open batch, hence lock_timeout (set by the caller) and "stop the relays first".
+LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE
+
+-- name: log_record_switch
+INSERT INTO outbox_mode (mode, tick) VALUES (%(mode)s, %(tick)s)
+ON CONFLICT (singleton) DO UPDATE SET mode = excluded.mode, tick = excluded.tick, switched_at = clock_timestamp()
+
+-- name: log_switch_to_log
+ALTER TABLE outbox ALTER COLUMN state SET DEFAULT 'logged'
+
+-- name: log_switch_to_queue
+ALTER TABLE outbox ALTER COLUMN state SET DEFAULT 'pending'
+
+-- name: log_start_cursors
+-- Every cursor starts at the switch's tick: rows written from then on are logged; rows pending from
+-- before stay pending, and a relay in log mode claims those first.
+UPDATE outbox_cursor SET tick = %(tick)s, window_to = NULL, last_id = NULL, max_id = NULL,
+                         updated_at = clock_timestamp()
+
+-- name: log_started
+SELECT EXISTS (SELECT FROM outbox_mode)
+
+-- name: log_behind_switch
+-- After a switch back to queue mode: the shards whose log is not yet read to the switch's tick.
+SELECT count(*) FROM outbox_cursor AS c, outbox_mode AS m WHERE m.mode = 'queue' AND c.tick < m.tick

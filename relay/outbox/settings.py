@@ -54,6 +54,19 @@ class RelaySettings(Settings):
         factory=_default_relay_id,
         shown_default="hostname-pid",
     )
+    mode: str = setting(
+        "queue",
+        "queue: claim each row and mark it published; log: read the outbox as an append-only log in commit "
+        "order, a cursor per shard and no write per row (the outbox must be switched first: "
+        "`postbox relay switch-mode log`)",
+        choices=("queue", "log"),
+    )
+    tick_interval: float = setting(
+        0.01,
+        "log mode: the least seconds between two snapshots (ticks) the relays take; a row waits for the "
+        "first tick after its commit",
+        bounds=(0.001, 60),
+    )
     batch_size: int = setting(
         1000, "rows claimed per batch (per lane)", bounds=(1, 10_000), retired=("POSTBOX_BATCH_SIZE",)
     )

@@ -7,15 +7,18 @@
 
 Measured, in one run on the same servers (PostgreSQL runs with wal_level=logical throughout, which
 Debezium needs, so both tools see the same database):
-- limits: single-row-commit insert rate of a writer; the relay's own claim+mark SQL with no Kafka; a raw
-  confluent-kafka producer (acks=all, idempotence) with the same messages;
+- limits: single-row-commit insert rate of a writer (into a queue-mode and a log-mode outbox); the relay's
+  own claim+mark SQL with no Kafka, and log mode's read (the relay's own LogReader: windows, pages and
+  cursor moves) with no Kafka; a raw confluent-kafka producer (acks=all, idempotence) with the same
+  messages;
 - drain: a backlog of --rows outbox rows, committed in one transaction, drained to Kafka by 1 and by 3
-  postbox relays (from the commit until the last row is marked published) and by Debezium's PostgreSQL
+  postbox relays in queue mode (from the commit until the last row is marked published) and in log mode
+  (until every shard's cursor has passed the backlog), and by Debezium's PostgreSQL
   connector with its outbox event router in Kafka Connect standalone (from the commit until the last
   message is on the broker: Debezium has no mark step, so this favours it slightly);
 - steady state: writers committing one event per transaction at fixed rates, latency from the writer's
   commit returning to a consumer receiving the message (so it includes the consumer's fetch; the broker's
-  ack comes earlier): postbox with NOTIFY on and off, and Debezium;
+  ack comes earlier): postbox with NOTIFY on and off, postbox in log mode, and Debezium;
 - resident memory (peak) and CPU seconds of each publishing process;
 - tracing: one relay's drain and steady-state latency with OpenTelemetry absent, installed but off, and
   on (every span, 1% by the relay's sampler, 1% by the writers' with the default parent-based sampler),
@@ -56,13 +59,17 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from inbox.consumer import QUERIES as INBOX_QUERIES
 from inbox.webhooks.providers import stripe_signature_header
+from relay.core.db import connect
 from relay.core.migrate import migrate
 from relay.core.sql import query
 from relay.devstack.kafka import LocalKafka, kafka_version
 from relay.devstack.ports import free_port
 from relay.devstack.postgres import LocalPostgres, find_bin_dir
 from relay.outbox import enqueue
+from relay.outbox.admin import switch_mode
 from relay.outbox.daemon import QUERIES
+from relay.outbox.log_reader import LogReader
+from relay.outbox.outcome import RowOutcome, RowState
 from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES, RelaySettings
 from tests.apps.noop import SCHEMA_SQL as NOOP_SCHEMA_SQL
 from tests.debezium import DebeziumConnect, debezium_version
@@ -104,10 +111,13 @@ class Servers:
     postgres: LocalPostgres
     kafka: LocalKafka
 
-    def fresh_schema(self) -> None:
+    def fresh_schema(self, mode: str = "queue") -> None:
         with psycopg.connect(self.postgres.dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
             migrate(conn, SCHEMA)
+        if mode == "log":
+            with connect(self.postgres.dsn, SCHEMA) as conn:
+                switch_mode(conn, SCHEMA, "log")
 
     def fresh_topic(self, prefix: str) -> tuple[str, str]:
         """(aggregate type, its topic): a topic of its own per run, so counting its messages is exact."""
@@ -145,8 +155,8 @@ def on_broker(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def bench_insert_rate(s: Servers, seconds: float, payload: str) -> float:
-    s.fresh_schema()
+def bench_insert_rate(s: Servers, seconds: float, payload: str, mode: str = "queue") -> float:
+    s.fresh_schema(mode)
     count = 0
     with psycopg.connect(s.postgres.dsn) as conn:
         deadline = time.perf_counter() + seconds
@@ -243,6 +253,33 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_on_
         return done / (time.perf_counter() - started)
 
 
+def bench_log_read(s: Servers, rows: int, payload: str, batch: int) -> float:
+    """Log mode's read with no Kafka: the relay's own LogReader over every shard (one lane), each page's
+    rows taken as published and the cursors moved, one transaction per page: the database's ceiling for
+    log mode, beside claim+mark's for queue mode."""
+    s.fresh_schema("log")
+    preload(s, rows, payload)
+    reader = LogReader(SCHEMA, "bench", 0.0)
+    params = {"limit": batch, **CLAIM_BYTES}
+    with connect(s.postgres.dsn, SCHEMA) as conn, connect(s.postgres.dsn, SCHEMA, autocommit=True) as ticks:
+        conn.execute(query(QUERIES, "lane_session"))
+        conn.execute("UPDATE outbox_shard_lease SET owner = 'bench', expires_at = now() + interval '1 day'")
+        conn.commit()
+        done = 0
+        started = time.perf_counter()
+        while done < rows:
+            read = reader.read(conn, ticks, list(range(64)), params)
+            if read is None:
+                conn.commit()
+                continue
+            page_rows, page = read
+            ids = [(int(r[0]), int(r[9])) for r in page_rows]
+            reader.finish(conn, page, ids, [RowOutcome(i, RowState.PUBLISHED, None) for i, _ in ids])
+            conn.commit()
+            done += len(ids)
+        return done / (time.perf_counter() - started)
+
+
 def bench_raw_producer(s: Servers, messages: int, payload: str) -> tuple[float, str]:
     """(messages/s, the topic they are in): each message has a distinct `id` header, as relayed ones do."""
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
@@ -334,8 +371,17 @@ class BenchRelay(ChildProcess):
 
 
 def pending(s: Servers) -> int:
+    """Rows still to publish: pending ones, or in log mode, while any shard's cursor has not passed the
+    newest logged row's transaction, 1 (a cheap test over 64 cursors, where counting would read the
+    table on every look)."""
     with psycopg.connect(s.postgres.dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'pending'").fetchone()
+        row = conn.execute(
+            """SELECT (SELECT count(*) FROM postbox.outbox WHERE state = 'pending')
+                      + (SELECT count(*) FROM postbox.outbox_cursor AS c
+                         JOIN postbox.outbox_tick AS t ON t.tick = c.tick
+                         WHERE NOT pg_visible_in_snapshot(
+                             (SELECT max(txid) FROM postbox.outbox WHERE state = 'logged'), t.snapshot))"""
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -378,10 +424,13 @@ def bench_drain(
     relay_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     sampled_every: int | None = None,
+    mode: str = "queue",
 ) -> tuple[float, float, float, float]:
     """(events/s, peak RSS MB of the largest publisher, the publishers' CPU seconds, the whole machine's
-    CPU seconds), all over the drain."""
-    s.fresh_schema()
+    CPU seconds), all over the drain. mode: the outbox's and the relays' (postbox only)."""
+    s.fresh_schema(mode)
+    if tool == "postbox":
+        relay_args = (*relay_args, "--mode", mode)
     aggregate_type, topic = s.fresh_topic("drain")
     with publishing(s, tool, replicas, relay_args, env=env) as publishers:
         cpu_before = sum(process_usage(p.process_id)[1] for p in publishers)
@@ -423,12 +472,15 @@ def bench_latency(
     breakdown: bool = False,
     env: dict[str, str] | None = None,
     sampled_every: int | None = None,
+    mode: str = "queue",
 ) -> LatencyRun:
     """Writers commit one event per transaction at `rate`; each event's time from the commit returning to
     a consumer receiving it. With `breakdown` (postbox only) the relay runs at debug level, whose
     per-batch line gives each batch's wall-clock stages and rows, and each event's latency is split
-    into its stages (see STAGES)."""
-    s.fresh_schema()
+    into its stages (see STAGES). mode: the outbox's and the relay's (postbox only)."""
+    s.fresh_schema(mode)
+    if tool == "postbox":
+        relay_args = (*relay_args, "--mode", mode)
     aggregate_type, topic = s.fresh_topic("latency")
     committed: dict[str, float] = {}
     received: dict[str, float] = {}
@@ -1029,8 +1081,9 @@ def main() -> int:
             if parts & {"limits", "drain"}:
                 say(f"\n-- payload {size} bytes --")
             if "limits" in parts:
-                inserts = repeat(args.runs, lambda p=payload: bench_insert_rate(s, 5, p))
-                say(f"limit: single-row-commit inserts/s      {median_spread(inserts)}")
+                for mode in ("queue", "log"):
+                    inserts = repeat(args.runs, lambda p=payload, m=mode: bench_insert_rate(s, 5, p, m))
+                    say(f"limit: single-row-commit inserts/s, {mode:5} mode {median_spread(inserts)}")
                 for delete in (False, True):
                     claims = repeat(
                         args.runs,
@@ -1040,6 +1093,11 @@ def main() -> int:
                     )
                     how = "delete" if delete else "update"
                     say(f"limit: claim+mark({how}) SQL rows/s, no Kafka {median_spread(claims)}")
+                reads = repeat(
+                    args.runs,
+                    lambda p=payload: bench_log_read(s, min(args.rows, 300_000), p, args.relay_batch_size),
+                )
+                say(f"limit: log mode read SQL rows/s, no Kafka  {median_spread(reads)}")
                 produced = repeat(
                     args.runs, lambda p=payload: bench_raw_producer(s, min(args.rows, 500_000), p)[0]
                 )
@@ -1047,13 +1105,16 @@ def main() -> int:
             if "drain" not in parts:
                 continue
             drains = [
-                ("postbox, 1 relay            ", "postbox", 1, relay_args),
-                ("postbox, 3 relays           ", "postbox", 3, relay_args),
-                ("postbox, 1 relay, delete    ", "postbox", 1, (*relay_args, "--delete-on-publish")),
-            ] + [("Debezium, 1 task            ", "debezium", 1, ())] * (len(tools) - 1)
-            for who, tool, replicas, extra in drains:
+                ("postbox, 1 relay            ", "postbox", 1, relay_args, "queue"),
+                ("postbox, 3 relays           ", "postbox", 3, relay_args, "queue"),
+                ("postbox, 1 relay, delete    ", "postbox", 1, (*relay_args, "--delete-on-publish"), "queue"),
+                ("postbox log, 1 relay        ", "postbox", 1, relay_args, "log"),
+                ("postbox log, 3 relays       ", "postbox", 3, relay_args, "log"),
+            ] + [("Debezium, 1 task            ", "debezium", 1, (), "queue")] * (len(tools) - 1)
+            for who, tool, replicas, extra, mode in drains:
                 results = [
-                    bench_drain(s, args.rows, payload, tool, replicas, extra) for _ in range(args.runs)
+                    bench_drain(s, args.rows, payload, tool, replicas, extra, mode=mode)
+                    for _ in range(args.runs)
                 ]
                 say(
                     f"drain {who}: events/s {median_spread([r[0] for r in results])}; "
@@ -1065,11 +1126,16 @@ def main() -> int:
             # A broker just started is slow to serve its first group and topic: warm it up, unmeasured.
             bench_latency(s, 1000, 5, "postbox", payload_of(200))
             say(f"\n-- steady state, 200-byte payloads, one event per transaction, {WRITERS} writers --")
-            variants = [("postbox", True), ("postbox", False)] + [("debezium", True)] * (len(tools) - 1)
+            variants = [("postbox", True, "queue"), ("postbox", False, "queue"), ("postbox", True, "log")] + [
+                ("debezium", True, "queue")
+            ] * (len(tools) - 1)
             for rate in (1000, 5000):
-                for tool, listen in variants:
-                    run = bench_latency(s, rate, args.latency_seconds, tool, payload_of(200), listen)
+                for tool, listen, mode in variants:
+                    run = bench_latency(
+                        s, rate, args.latency_seconds, tool, payload_of(200), listen, mode=mode
+                    )
                     who = f"postbox, NOTIFY {'on ' if listen else 'off'}" if tool == "postbox" else "Debezium"
+                    who = "postbox log, NOTIFY on" if mode == "log" else who
                     core = run.cpu_seconds / args.latency_seconds
                     say(
                         f"{rate}/s {who:18}: commit->consumer ms {quantiles(run.latencies)}  "

@@ -25,13 +25,20 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from relay.core.migrate import migrate
 from relay.devstack.kafka import LocalKafka
 from relay.devstack.postgres import LocalPostgres, find_bin_dir
 from relay.outbox import OutboxEvent, enqueue_many
 from tests.apps.ledger import SCHEMA_SQL
 from tests.chaos.checker import Report, check
-from tests.support import InboxProcess, RelayProcess, create_topic, read_topic, wait_until
+from tests.support import (
+    InboxProcess,
+    RelayProcess,
+    create_topic,
+    outbox_states,
+    prepare_outbox,
+    read_topic,
+    wait_until,
+)
 
 SCHEMA = "postbox"
 AGGREGATE_TYPE = "soak"
@@ -98,6 +105,7 @@ class Cluster:
     relays: list[RelayProcess] = field(default_factory=list)
     consumers: list[InboxProcess] = field(default_factory=list)
     paused: list[Callable[[], None]] = field(default_factory=list)
+    mode: str = "queue"  # the relays' --mode (the outbox is switched to match)
 
     def replace_crashed(self) -> list[str]:
         """Processes that exited although nobody killed them (a bug): noted, logged, replaced."""
@@ -112,7 +120,7 @@ class Cluster:
         return found
 
     def relay(self) -> RelayProcess:
-        return RelayProcess(self.postgres.dsn, self.kafka.bootstrap, SCHEMA, *RELAY_ARGS)
+        return RelayProcess(self.postgres.dsn, self.kafka.bootstrap, SCHEMA, *RELAY_ARGS, "--mode", self.mode)
 
     def consumer(self) -> InboxProcess:
         return InboxProcess(
@@ -204,18 +212,20 @@ def effects(dsn: str) -> list[str]:
         return [str(r[0]) for r in conn.execute("SELECT message_id FROM public.effects").fetchall()]
 
 
-def run_soak(duration: float, rate: float, fault_every: float, seed: int, brokers: int = 1) -> Report:
+def run_soak(
+    duration: float, rate: float, fault_every: float, seed: int, brokers: int = 1, mode: str = "queue"
+) -> Report:
     """With brokers=3 the topic has three replicas (min.insync.replicas 2) and broker faults hit one node at
-    random: leadership moves while the relays keep producing."""
+    random: leadership moves while the relays keep producing. mode: the relays' --mode (queue or log)."""
     rng = random.Random(seed)
     postgres = LocalPostgres(find_bin_dir()).start()
     kafka = LocalKafka(nodes_count=brokers, default_partitions=6).start()
-    cluster = Cluster(postgres, kafka)
+    cluster = Cluster(postgres, kafka, mode=mode)
     stop_writers = threading.Event()
     writers: list[Writer] = []
     try:
+        prepare_outbox(postgres.dsn, SCHEMA, mode)
         with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-            migrate(conn, SCHEMA)
             conn.execute(SCHEMA_SQL)
         create_topic(kafka.bootstrap, TOPIC, 6, replication=brokers)
         cluster.relays = [cluster.relay() for _ in range(3)]
@@ -227,7 +237,7 @@ def run_soak(duration: float, rate: float, fault_every: float, seed: int, broker
             writer.start()
         log(
             f"soak: {duration:.0f} s, {rate:g} events/s, a fault every ~{fault_every:g} s, seed {seed}, "
-            f"{brokers} broker(s)"
+            f"{brokers} broker(s), relays in {mode} mode"
         )
         deadline = time.monotonic() + duration
         faults: Counter_ = {}
@@ -277,9 +287,7 @@ Counter_ = dict[str, int]
 
 
 def _drained(dsn: str) -> bool:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state <> 'published'").fetchone()
-    return row == (0,)
+    return set(outbox_states(dsn, SCHEMA)) <= {"published"}
 
 
 def main() -> int:
@@ -291,6 +299,7 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--brokers", type=int, choices=[1, 3], default=1, help="Kafka nodes (3: replicated)")
+    parser.add_argument("--mode", choices=["queue", "log"], default="queue", help="the relays' --mode")
     args = parser.parse_args()
 
     # Started in the background, a process ignores SIGINT; SIGTERM must still stop it with its cleanup
@@ -299,7 +308,7 @@ def main() -> int:
         raise SystemExit(f"stopped by signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
-    report = run_soak(args.duration, args.rate, args.fault_every, args.seed, args.brokers)
+    report = run_soak(args.duration, args.rate, args.fault_every, args.seed, args.brokers, args.mode)
     return 0 if report.ok else 1
 
 

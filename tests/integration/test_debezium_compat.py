@@ -12,12 +12,11 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from relay.core.migrate import migrate
 from relay.devstack.postgres import LocalPostgres, find_bin_dir
 from relay.outbox import enqueue
 from tests.debezium import DebeziumConnect
 from tests.servers import Servers
-from tests.support import Record, RelayProcess, create_topic, read_topic, wait_until
+from tests.support import Record, RelayProcess, create_topic, prepare_outbox, read_topic, wait_until
 
 SCHEMA = "postbox"
 PARTITIONS = 6
@@ -36,11 +35,10 @@ PAYLOADS: list[object] = [
 
 
 @pytest.fixture
-def logical_postgres() -> Iterator[LocalPostgres]:
+def logical_postgres(relay_mode: str) -> Iterator[LocalPostgres]:
     """Debezium reads the WAL, so this test has a server of its own with wal_level=logical."""
     postgres = LocalPostgres(find_bin_dir(), settings={"wal_level": "logical"}).start()
-    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-        migrate(conn, SCHEMA)
+    prepare_outbox(postgres.dsn, SCHEMA, relay_mode)
     yield postgres
     postgres.stop()
 
@@ -49,6 +47,7 @@ def by_event_id(records: list[Record]) -> dict[bytes, Record]:
     return {r.headers["id"]: r for r in records}
 
 
+@pytest.mark.parametrize("relay_mode", ["queue", "log"], indirect=True)
 def test_postbox_messages_match_debezium_outbox_router_byte_for_byte(
     servers: Servers, logical_postgres: LocalPostgres
 ) -> None:

@@ -15,10 +15,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.core.migrate import migrate
 from relay.outbox import OutboxEvent, enqueue, enqueue_many
 from tests.servers import Servers
-from tests.support import RelayProcess, check_delivery, http_get, outbox_states, read_topic, wait_until
+from tests.support import (
+    RelayProcess,
+    check_delivery,
+    http_get,
+    outbox_states,
+    prepare_outbox,
+    read_topic,
+    wait_until,
+)
+
+# The faults that matter to how rows are read and progress is recorded run in both relay modes.
+BOTH_MODES = pytest.mark.parametrize("relay_mode", ["queue", "log"], indirect=True)
 
 
 def write_sequenced(
@@ -53,6 +63,7 @@ def write_sequenced(
             time.sleep(rng.random() * pause)
 
 
+@BOTH_MODES
 def test_per_aggregate_order_holds_with_three_relays_and_interleaved_writers(
     servers: Servers, schema: str
 ) -> None:
@@ -106,6 +117,7 @@ def test_per_aggregate_order_holds_with_three_relays_and_interleaved_writers(
     check_delivery(records, written)
 
 
+@BOTH_MODES
 def test_a_relay_killed_mid_batch_again_and_again_loses_nothing(servers: Servers, schema: str) -> None:
     aggregate_type = f"kill{uuid.uuid4().hex[:6]}"
     written: dict[str, tuple[str, int]] = {}
@@ -182,6 +194,7 @@ def test_a_broker_stopped_longer_than_the_delivery_timeout_loses_nothing(
     check_delivery(records, written)
 
 
+@BOTH_MODES
 def test_a_too_large_payload_is_parked_while_its_neighbours_flow(
     servers: Servers, schema: str, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
@@ -267,6 +280,7 @@ def test_absurd_headers_are_published_intact_or_parked_with_a_reason(
     )
 
 
+@BOTH_MODES
 def test_rows_of_a_transaction_that_commits_late_are_still_published(servers: Servers, schema: str) -> None:
     aggregate_type = f"late{uuid.uuid4().hex[:6]}"
     late_conn = psycopg.connect(servers.database_url)
@@ -335,9 +349,11 @@ def test_an_unknown_topic_is_held_back_the_rest_flows_and_the_relay_is_unready(
     assert sorted(r.headers["id"].decode() for r in records) == sorted(map(str, known))
 
 
-def test_the_relay_rides_out_a_postgres_crash_restart(own_postgres: Any, servers: Servers) -> None:
-    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
-        migrate(conn, "postbox")
+@BOTH_MODES
+def test_the_relay_rides_out_a_postgres_crash_restart(
+    own_postgres: Any, servers: Servers, relay_mode: str
+) -> None:
+    prepare_outbox(own_postgres.dsn, "postbox", relay_mode)
     aggregate_type = f"pgcrash{uuid.uuid4().hex[:6]}"
     written: dict[str, tuple[str, int]] = {}
     write_sequenced(own_postgres.dsn, "postbox", aggregate_type, [f"a{i}" for i in range(5)], 100, written, 3)
@@ -380,6 +396,7 @@ def test_sigterm_releases_the_leases_and_exits_zero(
     assert db.execute("SELECT count(*) FROM outbox_relay_member").fetchone() == (0,)
 
 
+@BOTH_MODES
 def test_a_paused_replica_loses_its_shards_and_its_return_breaks_no_order(
     servers: Servers, schema: str
 ) -> None:

@@ -11,8 +11,11 @@ from tests.chaos.soak import FAULTS, run_soak
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("brokers", [1, 3])
-def test_a_short_soak_loses_nothing_breaks_no_order_and_applies_nothing_twice(brokers: int) -> None:
-    report: Report = run_soak(duration=60, rate=150, fault_every=2, seed=20261202, brokers=brokers)
+@pytest.mark.parametrize("mode", ["queue", "log"])
+def test_a_short_soak_loses_nothing_breaks_no_order_and_applies_nothing_twice(
+    brokers: int, mode: str
+) -> None:
+    report: Report = run_soak(duration=60, rate=150, fault_every=2, seed=20261202, brokers=brokers, mode=mode)
     assert report.written > 2000
     assert report.ok, "\n".join(report.lines())
     assert len(FAULTS) == 7

@@ -1,0 +1,212 @@
+"""Log mode's reads and cursor writes (--mode log): the SQL side of relay.outbox.log.
+
+A batch: lock the lane's cursors (so a shard is in one open batch at a time), pick the group at the
+furthest-behind window, open a window to the newest tick if none is open (taking a tick when the newest
+is older than --tick-interval), read the next page of rows in id order, publish it, then move the
+cursors in the batch's transaction, fenced on the shard leases. A crash before that commit leaves the
+cursors where they were: the page is read and published again (duplicates, same message ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from relay.core.db import advisory_key
+from relay.core.sql import query
+from relay.outbox.log import Cursor, after_batch, last_ids_by_shard, next_group, open_window
+from relay.outbox.outcome import RowOutcome, RowState
+
+QUERIES = Path(__file__).with_name("queries.sql")
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class OutboxModeError(RuntimeError):
+    """The relay's --mode does not match the outbox's (see `postbox relay switch-mode`)."""
+
+
+@dataclass(frozen=True)
+class Snapshots:
+    prev: str  # the window's opening tick's snapshot (text form)
+    prev_xmax: str
+    prev_xip: list[str]
+    cur: str  # its closing tick's
+    cur_xmax: str
+
+
+@dataclass
+class LogPage:
+    """A page of a window, read in the batch's transaction, for the mark step."""
+
+    group: list[Cursor]
+    complete: bool  # the page held every row left in the window
+
+
+def outbox_in_log_mode(conn: Connection) -> bool:
+    found = conn.execute(query(QUERIES, "log_mode_of_outbox")).fetchone()
+    return bool(found and found[0])
+
+
+def log_started(conn: Connection) -> bool:
+    """Whether the outbox was ever switched to log mode (its cursors have a tick)."""
+    found = conn.execute(query(QUERIES, "log_started")).fetchone()
+    return bool(found and found[0])
+
+
+def prune_ticks(conn: Connection) -> None:
+    """Delete the ticks every cursor has passed (autocommit connection)."""
+    conn.execute(query(QUERIES, "log_prune_ticks"))
+
+
+def take_tick(conn: Connection, schema: str, min_age: float) -> None:
+    """A new tick, unless one younger than min_age exists. `conn` is in autocommit mode."""
+    with conn.transaction():
+        conn.execute(query(QUERIES, "log_tick_lock"), {"key": advisory_key("postbox.tick", schema)})
+        conn.execute(query(QUERIES, "log_take_tick"), {"min_age": timedelta(seconds=min_age)})
+
+
+def _latest_tick(conn: Connection) -> int | None:
+    found = conn.execute(query(QUERIES, "log_latest_tick")).fetchone()
+    return int(found[0]) if found else None
+
+
+class LogReader:
+    def __init__(self, schema: str, relay_id: str, tick_interval: float) -> None:
+        self._schema = schema
+        self._relay_id = relay_id
+        self._tick_interval = tick_interval
+        self._snapshots: dict[tuple[int, int], Snapshots] = {}  # ticks never change
+
+    def read(
+        self, conn: Connection, tick_conn: Connection, lane: list[int], params: dict[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], LogPage] | None:
+        """The next page for the lane's shards, in the open transaction on `conn`, or None when every
+        window is read to the newest tick (cursors moved past empty windows are written, not committed).
+        `params`: log_read's limit and byte budget."""
+        found = conn.execute(query(QUERIES, "log_lock_cursors"), {"shards": lane}).fetchall()
+        cursors = {int(r[0]): Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:])) for r in found}
+        for _ in range(4):  # empty windows are passed at once; a few per batch keeps the batch short
+            group = next_group(list(cursors.values()))
+            if not group:
+                return None
+            if group[0].window_to is None:
+                opened = self._open(conn, tick_conn, group)
+                if opened is None:
+                    return None  # at the newest tick: nothing committed since
+                group = opened
+                if group[0].window_to is None:  # an empty window: passed
+                    self._write(conn, group)
+                    cursors.update((c.shard, c) for c in group)
+                    continue
+            snapshots = self._window(conn, group[0])
+            floors = last_ids_by_shard(group)
+            rows = conn.execute(
+                query(QUERIES, "log_read"),
+                {
+                    **params,
+                    "shards": [c.shard for c in group],
+                    "from_id": min(floors[c.shard] for c in group),
+                    "max_id": group[0].max_id,
+                    "last_ids": floors,
+                    "cur": snapshots.cur,
+                    "prev": snapshots.prev,
+                },
+            ).fetchall()
+            if not rows:  # the window is read: its closing tick is where the group stands now
+                passed = [Cursor(c.shard, c.window_to) for c in group if c.window_to is not None]
+                self._write(conn, passed)
+                cursors.update((c.shard, c) for c in passed)
+                continue
+            complete = int(rows[0][-1]) < params["limit"] and int(rows[0][-1]) == len(rows)
+            return rows, LogPage(group, complete)
+        return None
+
+    def _open(self, conn: Connection, tick_conn: Connection, group: list[Cursor]) -> list[Cursor] | None:
+        """The group's window opened to the newest tick (taking one if due), or None if at it already."""
+        tick = group[0].tick
+        latest = _latest_tick(conn)
+        if latest is None or latest <= tick:
+            take_tick(tick_conn, self._schema, self._tick_interval)
+            latest = _latest_tick(conn)
+            if latest is None or latest <= tick:
+                return None
+        snapshots = self._snapshots_of(conn, tick, latest)
+        bounds = conn.execute(
+            query(QUERIES, "log_window_bounds"),
+            {
+                "prev_xmax": snapshots.prev_xmax,
+                "prev_xip": snapshots.prev_xip,
+                "cur_xmax": snapshots.cur_xmax,
+                "cur": snapshots.cur,
+                "shards": [c.shard for c in group],
+            },
+        ).fetchone()
+        assert bounds is not None
+        return open_window(group, latest, _int_or_none(bounds[0]), _int_or_none(bounds[1]))
+
+    def _window(self, conn: Connection, cursor: Cursor) -> Snapshots:
+        assert cursor.window_to is not None
+        return self._snapshots_of(conn, cursor.tick, cursor.window_to)
+
+    def _snapshots_of(self, conn: Connection, tick: int, window_to: int) -> Snapshots:
+        key = (tick, window_to)
+        if key not in self._snapshots:
+            found = conn.execute(
+                query(QUERIES, "log_snapshots"), {"tick": tick, "window_to": window_to}
+            ).fetchone()
+            if found is None:
+                raise RuntimeError(f"log mode: tick {tick} or {window_to} is gone (deleted by hand?)")
+            if len(self._snapshots) > 256:
+                self._snapshots.clear()
+            self._snapshots[key] = Snapshots(
+                str(found[0]), str(found[1]), list(found[2]), str(found[3]), str(found[4])
+            )
+        return self._snapshots[key]
+
+    def finish(
+        self,
+        conn: Connection,
+        page: LogPage,
+        rows: Sequence[tuple[int, int]],
+        outcomes: Sequence[RowOutcome],
+    ) -> int:
+        """Park the rows that can never be published and move the group's cursors, in the batch's
+        transaction (not committed here). Returns the rows whose shard was still ours (fence)."""
+        parked = [o for o in outcomes if o.state is RowState.FAILED]
+        if parked:
+            conn.execute(
+                query(QUERIES, "log_park"),
+                {
+                    "relay_id": self._relay_id,
+                    "ids": [o.row_id for o in parked],
+                    "errors": [o.error for o in parked],
+                },
+            )
+        held = set(self._write(conn, after_batch(page.group, rows, outcomes, page.complete)))
+        return sum(1 for _, shard in rows if shard in held)
+
+    def _write(self, conn: Connection, cursors: Sequence[Cursor]) -> list[int]:
+        """Move these cursors (fenced); the shards whose cursor moved."""
+        if not cursors:
+            return []
+        moved = conn.execute(
+            query(QUERIES, "log_advance"),
+            {
+                "relay_id": self._relay_id,
+                "shards": [c.shard for c in cursors],
+                "ticks": [c.tick for c in cursors],
+                "window_tos": [c.window_to for c in cursors],
+                "last_ids": [c.last_id for c in cursors],
+                "max_ids": [c.max_id for c in cursors],
+            },
+        ).fetchall()
+        return [int(r[0]) for r in moved]
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(str(value))

@@ -1,0 +1,252 @@
+"""Log mode (--mode log) on the real servers: what reading the outbox in commit order between snapshots
+must get right. The faults it shares with queue mode (killed relays, a PostgreSQL crash, a paused replica,
+a late commit, a parked row, three replicas) run in both modes in test_relay_faults.py, the soak and the
+Debezium comparison likewise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from relay.core.db import connect
+from relay.outbox import OutboxEvent, enqueue, enqueue_many
+from relay.outbox.admin import SwitchRefused, prune, requeue, switch_mode
+from tests.servers import Servers
+from tests.support import RelayProcess, check_delivery, outbox_states, read_topic, wait_until
+
+LOG = pytest.mark.parametrize("relay_mode", ["log"], indirect=True)
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+def _write(database_url: str, schema: str, events: list[OutboxEvent]) -> list[str]:
+    with psycopg.connect(database_url) as app:
+        ids = [str(i) for i in enqueue_many(app, events, schema=schema)]
+        app.commit()
+    return ids
+
+
+def _events(aggregate_type: str, count: int, start: int = 0) -> list[OutboxEvent]:
+    return [
+        OutboxEvent(aggregate_type, f"a{i % 5}", "Changed", {"seq": i}) for i in range(start, start + count)
+    ]
+
+
+@LOG
+def test_rows_stay_unwritten_and_a_long_transaction_elsewhere_delays_nothing(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    """A transaction that holds an id and stays open (writing another table) is in every snapshot's
+    in-progress list; rows committed meanwhile are published within moments all the same, and the relay
+    writes nothing to them."""
+    aggregate_type = f"longtx{uuid.uuid4().hex[:6]}"
+    db.execute("CREATE TABLE scratch (n int)")
+    long_tx = psycopg.connect(servers.database_url)
+    long_tx.execute(f'INSERT INTO "{schema}".scratch VALUES (1)')  # takes a transaction id, stays open
+    try:
+        with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+            time.sleep(1)
+            committed_at = time.monotonic()
+            ids = _write(servers.database_url, schema, _events(aggregate_type, 30))
+            wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 30}, 10)
+            waited = time.monotonic() - committed_at
+            records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=30)
+            assert relay.terminate() == 0
+    finally:
+        long_tx.rollback()
+        long_tx.close()
+    assert waited < 5, f"published {waited:.1f} s after commit while another transaction stayed open"
+    assert sorted(r.headers["id"].decode() for r in records) == sorted(ids)
+    rows = db.execute("SELECT state, attempts, published_at FROM outbox GROUP BY 1, 2, 3").fetchall()
+    assert rows == [("logged", 0, None)], "log mode writes nothing to a published row"
+
+
+@LOG
+def test_rolled_back_rows_and_sequence_gaps_are_skipped_and_a_prepared_transaction_is_published_on_commit(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    aggregate_type = f"gaps{uuid.uuid4().hex[:6]}"
+    # PostgreSQL refuses to PREPARE a transaction that sent a NOTIFY: writers that use two-phase commit
+    # turn the wake-up trigger off (as the README says) and the relay finds their rows by polling.
+    db.execute("ALTER TABLE outbox DISABLE TRIGGER outbox_notify")
+    with psycopg.connect(servers.database_url) as app:
+        enqueue_many(app, _events(aggregate_type, 5), schema=schema)
+        app.rollback()  # ids taken and never committed: a gap in the sequence
+    prepared = psycopg.connect(servers.database_url, autocommit=True)
+    prepared.execute("BEGIN")
+    prepared_ids = [
+        str(i) for i in enqueue_many(prepared, _events(aggregate_type, 3, start=100), schema=schema)
+    ]
+    gid = f"postbox-test-{uuid.uuid4().hex[:8]}"
+    prepared.execute(f"PREPARE TRANSACTION '{gid}'")  # survives its session; commits minutes later
+    prepared.close()
+    try:
+        with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+            ids = _write(servers.database_url, schema, _events(aggregate_type, 10, start=10))
+            wait_until(
+                lambda: outbox_states(servers.database_url, schema) == {"published": 10},
+                20,
+                what="the committed rows, past the gap and the prepared transaction",
+            )
+            time.sleep(1)  # several ticks go by with the prepared transaction in progress
+            with psycopg.connect(servers.database_url, autocommit=True) as admin:
+                admin.execute(f"COMMIT PREPARED '{gid}'")
+            gid = ""
+            wait_until(
+                lambda: outbox_states(servers.database_url, schema) == {"published": 13},
+                20,
+                what="the prepared transaction's rows",
+            )
+            assert relay.terminate() == 0
+    finally:
+        if gid:
+            with psycopg.connect(servers.database_url, autocommit=True) as admin:
+                admin.execute(f"ROLLBACK PREPARED '{gid}'")
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=13)
+    assert sorted(r.headers["id"].decode() for r in records) == sorted(ids + prepared_ids)
+
+
+@LOG
+def test_a_parked_row_is_requeued_with_its_event_id_and_published(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    aggregate_type = f"park{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(servers.database_url) as app:
+        big = str(enqueue(app, aggregate_type, "a0", "Huge", {"blob": "x" * 2_000_000}, schema=schema))
+        app.commit()
+    ids = _write(servers.database_url, schema, _events(aggregate_type, 5))
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 5, "failed": 1}, 20)
+        db.execute('UPDATE outbox SET payload = \'{"blob": "small now"}\' WHERE event_id = %s', (big,))
+        with connect(servers.database_url, schema) as conn:
+            assert len(requeue(conn, error_like="%too large%")) == 1
+        wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 6}, 20)
+        assert relay.terminate() == 0
+    records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=6)
+    assert sorted(r.headers["id"].decode() for r in records) == sorted([*ids, big])
+
+
+@LOG
+def test_a_queue_relay_refuses_a_log_mode_outbox(servers: Servers, schema: str) -> None:
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--mode", "queue") as relay:
+        assert relay.process.wait(timeout=30) == 2
+        assert "switch-mode" in relay.log()
+
+
+def test_a_log_relay_refuses_an_outbox_never_switched(servers: Servers, schema: str) -> None:
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--mode", "log") as relay:
+        assert relay.process.wait(timeout=30) == 2
+        assert "switch-mode log" in relay.log()
+
+
+@LOG
+def test_pruning_deletes_only_logged_rows_every_cursor_has_passed(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    aggregate_type = f"prune{uuid.uuid4().hex[:6]}"
+    _write(servers.database_url, schema, _events(aggregate_type, 20))
+    with connect(servers.database_url, schema) as conn:
+        assert prune(conn, retention=timedelta(seconds=0)) == 0, "nothing read yet"
+    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+        wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 20}, 20)
+        assert relay.terminate() == 0
+    late = _write(servers.database_url, schema, _events(aggregate_type, 4, start=20))  # written, not read
+    with connect(servers.database_url, schema) as conn:
+        assert prune(conn, retention=timedelta(seconds=0)) == 20
+    left = db.execute("SELECT event_id::text FROM outbox ORDER BY id").fetchall()
+    assert [r[0] for r in left] == late
+
+
+def _write_continuously(
+    database_url: str,
+    schema: str,
+    aggregate_type: str,
+    stop: threading.Event,
+    written: dict[str, tuple[str, int]],
+) -> None:
+    seq = dict.fromkeys((f"s{i}" for i in range(8)), 0)
+    with psycopg.connect(database_url) as app:
+        while not stop.is_set():
+            batch = []
+            for aggregate in list(seq)[: 1 + len(written) % 3]:
+                batch.append(OutboxEvent(aggregate_type, aggregate, "Changed", {"seq": seq[aggregate]}))
+                seq[aggregate] += 1
+            for event_id, event in zip(enqueue_many(app, batch, schema=schema), batch, strict=True):
+                written[str(event_id)] = (event.aggregate_id, event.payload["seq"])
+            app.commit()
+            time.sleep(0.005)
+
+
+def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_order(
+    servers: Servers, schema: str
+) -> None:
+    """The README's procedure, with writers running throughout: stop the relays, switch the outbox, start
+    them in the new mode. Rows pending from before the switch to log mode are claimed before the log is
+    read; after the switch back, the log is read to the switch before any pending row is claimed, and a
+    queue relay refuses to start until it is. Per-aggregate order holds across both switches."""
+    aggregate_type = f"switch{uuid.uuid4().hex[:6]}"
+    written: dict[str, tuple[str, int]] = {}
+    stop = threading.Event()
+    writer = threading.Thread(
+        target=_write_continuously, args=(servers.database_url, schema, aggregate_type, stop, written)
+    )
+    url, bootstrap = servers.database_url, servers.kafka_bootstrap
+
+    def relay(mode: str) -> RelayProcess:
+        # Small batches and a slow poll: a backlog of both kinds builds up across each switch.
+        return RelayProcess(url, bootstrap, schema, "--mode", mode, "--batch-size", "10")
+
+    def switch(mode: str) -> None:
+        with connect(url, schema) as conn:
+            switch_mode(conn, schema, mode)
+
+    writer.start()
+    try:
+        with relay("queue") as queue_relay:
+            time.sleep(2)
+            with connect(url, schema) as conn, pytest.raises(SwitchRefused):
+                switch_mode(conn, schema, "log", lock_timeout=0.5)  # a running relay holds the outbox
+            assert queue_relay.terminate() == 0
+        time.sleep(0.5)  # pending rows pile up
+        switch("log")
+        with relay("log") as log_relay:
+            time.sleep(3)
+            assert log_relay.terminate() == 0
+        time.sleep(0.5)  # logged rows pile up
+        switch("queue")
+        with relay("queue") as early:
+            assert early.process.wait(timeout=30) == 2, "a queue relay refuses while the log is unread"
+            assert "not read to the switch" in early.log()
+        with relay("log") as log_relay:
+            wait_until(lambda: logged_rows_unread(url, schema) == 0, 30, what="the log read to the switch")
+            assert log_relay.terminate() == 0
+        with relay("queue") as back:
+            time.sleep(1)
+            stop.set()
+            writer.join(timeout=30)
+            wait_until(lambda: set(outbox_states(url, schema)) == {"published"}, 30, what="all published")
+            assert back.terminate() == 0
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    states = outbox_states(url, schema)
+    assert states == {"published": len(written)}
+    records = read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
+    check_delivery(records, written)
+
+
+def logged_rows_unread(database_url: str, schema: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        found = conn.execute(
+            f"""SELECT count(*) FROM "{schema}".outbox AS o
+                JOIN "{schema}".outbox_cursor AS c ON c.shard = o.shard
+                JOIN "{schema}".outbox_tick AS t ON t.tick = c.tick
+                WHERE o.state = 'logged' AND NOT pg_visible_in_snapshot(o.txid, t.snapshot)"""
+        ).fetchone()
+    assert found is not None
+    return int(str(found[0]))
