@@ -71,6 +71,12 @@ class LogProgress:
     shards_behind_switch: int  # after a switch back to queue mode: shards whose log is not read to it
 
 
+@dataclass(frozen=True)
+class LogBacklog:
+    rows: int  # logged rows not yet published (a window being read counts until it is finished)
+    oldest_seconds: float
+
+
 def log_progress(conn: psycopg.Connection[tuple[object, ...]]) -> LogProgress:
     ages = conn.execute(query(QUERIES, "log_ages")).fetchone()
     behind = conn.execute(query(QUERIES, "log_behind_switch")).fetchone()
@@ -78,6 +84,13 @@ def log_progress(conn: psycopg.Connection[tuple[object, ...]]) -> LogProgress:
     assert behind is not None
     lag = {int(str(s)): float(str(v)) for s, v in conn.execute(query(QUERIES, "log_cursor_lag"))}
     return LogProgress(float(str(ages[0])), float(str(ages[1])), lag, int(str(behind[0])))
+
+
+def log_backlog(conn: psycopg.Connection[tuple[object, ...]]) -> LogBacklog:
+    """For `postbox relay status`: it reads every unpublished logged row, so the daemon does not run it."""
+    found = conn.execute(query(QUERIES, "log_backlog")).fetchone()
+    assert found is not None
+    return LogBacklog(int(str(found[0])), float(str(found[1])))
 
 
 def switch_mode(

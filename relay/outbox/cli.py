@@ -98,12 +98,13 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
 def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     from relay.core.db import connect  # noqa: PLC0415
     from relay.core.sql import query  # noqa: PLC0415
-    from relay.outbox.admin import QUERIES, log_progress, status  # noqa: PLC0415
+    from relay.outbox.admin import QUERIES, log_backlog, log_progress, status  # noqa: PLC0415
     from relay.outbox.log_reader import log_started  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         st = status(conn)
         progress = log_progress(conn) if log_started(conn) else None
+        unread = log_backlog(conn) if progress is not None else None
         failed = conn.execute(query(QUERIES, "failed_rows"), {"limit": args.show_failed}).fetchall()
     print(f"backlog            {st.backlog} rows")
     print(f"oldest unpublished {st.oldest_pending_seconds:.1f} s")
@@ -111,11 +112,13 @@ def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.Argume
     print(f"unowned shards     {st.unowned_shards} of 64")
     for owner, count, expires in st.owners:
         print(f"  {owner:40} {count:3} shards, lease ends in {expires:.1f} s")
+    if unread is not None:
+        print(f"log unpublished    {unread.rows} rows, the oldest {unread.oldest_seconds:.1f} s old")
     if progress is not None:
-        print(f"log newest tick   {progress.tick_age_seconds:.1f} s ago")
         lag = max(progress.cursor_lag_seconds.values(), default=0.0)
-        print(f"log furthest behind {lag:.1f} s of ticks")
-        print(f"log oldest open transaction {progress.oldest_open_transaction_seconds:.1f} s")
+        print(f"log newest tick    {progress.tick_age_seconds:.1f} s ago")
+        print(f"log cursor lag     {lag:.1f} s of ticks (the furthest-behind shard)")
+        print(f"log oldest open tx {progress.oldest_open_transaction_seconds:.1f} s")
         if progress.shards_behind_switch:
             print(f"log not yet read to the switch to queue mode: {progress.shards_behind_switch} shards")
     for row in failed:

@@ -49,6 +49,7 @@ NOTIFY_CHANNEL = "postbox_outbox"
 # The topic label of a row whose topic is no legal name: a writer's arbitrary text is no metric label.
 UNROUTABLE = "(unroutable)"
 log = structlog.get_logger("postbox.relay")
+HELD_IN_SHARD = Delivery(Disposition.RETRY, "held back behind an earlier row of its shard (log mode)")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -445,14 +446,22 @@ class Relay:
         # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
         # batch transaction.
         verdicts: dict[str, Delivery | None] = {}
+        # Log mode: a shard's cursor cannot pass a row held back before sending, so its later rows in this
+        # page are not sent either (they would be read and sent again with it).
+        held_shards: set[int] = set()
         for index, (row, topic) in enumerate(zip(rows, topics, strict=True)):
             if deliveries[index] is not None:
+                continue
+            if row.shard in held_shards:
+                deliveries[index] = HELD_IN_SHARD
                 continue
             if topic not in verdicts:
                 verdicts[topic] = self._check_topic(topic, self.leases.renew_only)
             gate = verdicts[topic]
             if gate is not None:
                 deliveries[index] = gate
+                if log_page is not None:
+                    held_shards.add(row.shard)
                 continue
             try:
                 messages.append(to_message(row, topic, self.settings.event_type_header))

@@ -82,3 +82,8 @@ def last_ids_by_shard(group: Sequence[Cursor], shards: int = 64) -> list[int]:
     for cursor in group:
         floors[cursor.shard] = cursor.last_id or 0
     return floors
+
+
+def retried_shards(rows: Sequence[tuple[int, int]], outcomes: Sequence[RowOutcome]) -> set[int]:
+    """The shards whose cursor a batch left before a row to retry."""
+    return {shard for (_, shard), o in zip(rows, outcomes, strict=True) if o.state is RowState.PENDING}

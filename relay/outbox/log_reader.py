@@ -9,6 +9,7 @@ cursors where they were: the page is read and published again (duplicates, same 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,9 +18,17 @@ from typing import Any
 
 import psycopg
 
+from relay.core.backoff import backoff_delay
 from relay.core.db import advisory_key
 from relay.core.sql import query
-from relay.outbox.log import Cursor, after_batch, last_ids_by_shard, next_group, open_window
+from relay.outbox.log import (
+    Cursor,
+    after_batch,
+    last_ids_by_shard,
+    next_group,
+    open_window,
+    retried_shards,
+)
 from relay.outbox.outcome import RowOutcome, RowState
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -81,6 +90,12 @@ class LogReader:
         self._relay_id = relay_id
         self._tick_interval = tick_interval
         self._snapshots: dict[tuple[int, int], Snapshots] = {}  # ticks never change
+        # A shard whose cursor stopped before a row to retry (a broker error, a topic held back) rests,
+        # backing off per consecutive failure: it cannot pass that row, and reading it again at once
+        # would starve the lane's other shards (the furthest-behind window is read first) and send its
+        # later rows again and again.
+        self._failures: dict[int, int] = {}
+        self._rest_until: dict[int, float] = {}
 
     def read(
         self, conn: Connection, tick_conn: Connection, lane: list[int], params: dict[str, Any]
@@ -89,7 +104,12 @@ class LogReader:
         window is read to the newest tick (cursors moved past empty windows are written, not committed).
         `params`: log_read's limit and byte budget."""
         found = conn.execute(query(QUERIES, "log_lock_cursors"), {"shards": lane}).fetchall()
-        cursors = {int(r[0]): Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:])) for r in found}
+        now = time.monotonic()
+        cursors = {
+            int(r[0]): Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:]))
+            for r in found
+            if self._rest_until.get(int(r[0]), 0.0) <= now
+        }
         for _ in range(4):  # empty windows are passed at once; a few per batch keeps the batch short
             group = next_group(list(cursors.values()))
             if not group:
@@ -188,6 +208,14 @@ class LogReader:
                 },
             )
         held = set(self._write(conn, after_batch(page.group, rows, outcomes, page.complete)))
+        retried = retried_shards(rows, outcomes)
+        for cursor in page.group:
+            if cursor.shard in retried:
+                failures = self._failures[cursor.shard] = self._failures.get(cursor.shard, 0) + 1
+                self._rest_until[cursor.shard] = time.monotonic() + backoff_delay(failures, cap=10.0)
+            else:
+                self._failures.pop(cursor.shard, None)
+                self._rest_until.pop(cursor.shard, None)
         return sum(1 for _, shard in rows if shard in held)
 
     def _write(self, conn: Connection, cursors: Sequence[Cursor]) -> list[int]:

@@ -416,3 +416,15 @@ SELECT EXISTS (SELECT FROM outbox_mode)
 -- name: log_behind_switch
 -- After a switch back to queue mode: the shards whose log is not yet read to the switch's tick.
 SELECT count(*) FROM outbox_cursor AS c, outbox_mode AS m WHERE m.mode = 'queue' AND c.tick < m.tick
+
+-- name: log_backlog
+-- Logged rows still to publish (those of a window being read count until it is finished), and the oldest
+-- one's age. Walks outbox_log_idx from the oldest cursor's snapshot on, not the whole log.
+SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(o.created_at)), 0)::float8
+FROM outbox AS o
+JOIN outbox_cursor AS c ON c.shard = o.shard
+JOIN outbox_tick AS t ON t.tick = c.tick
+WHERE o.state = 'logged'
+  AND o.txid >= (SELECT min(pg_snapshot_xmin(t2.snapshot))
+                 FROM outbox_cursor AS c2 JOIN outbox_tick AS t2 ON t2.tick = c2.tick)
+  AND NOT pg_visible_in_snapshot(o.txid, t.snapshot)

@@ -6,6 +6,8 @@ Debezium comparison likewise.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -152,14 +154,21 @@ def test_pruning_deletes_only_logged_rows_every_cursor_has_passed(
     _write(servers.database_url, schema, _events(aggregate_type, 20))
     with connect(servers.database_url, schema) as conn:
         assert prune(conn, retention=timedelta(seconds=0)) == 0, "nothing read yet"
+    assert "log unpublished    20 rows" in _status(servers, schema)
     with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
         wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 20}, 20)
         assert relay.terminate() == 0
+    assert "log unpublished    0 rows" in _status(servers, schema)
     late = _write(servers.database_url, schema, _events(aggregate_type, 4, start=20))  # written, not read
     with connect(servers.database_url, schema) as conn:
         assert prune(conn, retention=timedelta(seconds=0)) == 20
     left = db.execute("SELECT event_id::text FROM outbox ORDER BY id").fetchall()
     assert [r[0] for r in left] == late
+
+
+def _status(servers: Servers, schema: str) -> str:
+    command = [sys.executable, "-m", "relay.cli", "relay", "status", "--database-url", servers.database_url]
+    return subprocess.run([*command, "--schema", schema], capture_output=True, text=True, check=True).stdout
 
 
 def _write_continuously(
@@ -209,8 +218,6 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
     try:
         with relay("queue") as queue_relay:
             time.sleep(2)
-            with connect(url, schema) as conn, pytest.raises(SwitchRefused):
-                switch_mode(conn, schema, "log", lock_timeout=0.5)  # a running relay holds the outbox
             assert queue_relay.terminate() == 0
         time.sleep(0.5)  # pending rows pile up
         switch("log")
@@ -250,3 +257,23 @@ def logged_rows_unread(database_url: str, schema: str) -> int:
         ).fetchone()
     assert found is not None
     return int(str(found[0]))
+
+
+def test_a_switch_that_cannot_lock_the_outbox_gives_up_with_a_clear_error(
+    servers: Servers, schema: str
+) -> None:
+    """A writer's open transaction (like a relay's open batch) holds the outbox: the switch waits at most
+    its lock_timeout, changes nothing and says what to do."""
+    writer = psycopg.connect(servers.database_url)
+    enqueue(writer, "order", "o-1", "Placed", {}, schema=schema)  # uncommitted: holds a lock on the outbox
+    try:
+        with connect(servers.database_url, schema) as conn:
+            started = time.monotonic()
+            with pytest.raises(SwitchRefused, match="stop the relays first"):
+                switch_mode(conn, schema, "log", lock_timeout=0.5)
+            assert time.monotonic() - started < 5
+    finally:
+        writer.rollback()
+        writer.close()
+    with connect(servers.database_url, schema) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_mode").fetchone() == (0,), "nothing switched"

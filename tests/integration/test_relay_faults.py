@@ -315,6 +315,7 @@ def _readyz(relay: RelayProcess) -> tuple[int, str]:
     return http_get(relay.metrics_port, "/readyz")
 
 
+@BOTH_MODES
 def test_an_unknown_topic_is_held_back_the_rest_flows_and_the_relay_is_unready(
     servers: Servers, schema: str, own_kafka_no_autocreate: Any
 ) -> None:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from relay.outbox.log import Cursor, after_batch, last_ids_by_shard, next_group, open_window
+from relay.outbox.log import (
+    Cursor,
+    after_batch,
+    last_ids_by_shard,
+    next_group,
+    open_window,
+    retried_shards,
+)
 from relay.outbox.outcome import RowOutcome, RowState
 
 
@@ -66,3 +73,9 @@ def test_the_per_shard_floors_are_indexed_by_shard() -> None:
     floors = last_ids_by_shard([Cursor(3, 5, 9, 39, 90), Cursor(63, 5, 9, 41, 90)])
     assert len(floors) == 64
     assert (floors[3], floors[63], floors[0]) == (39, 41, 0)
+
+
+def test_the_shards_left_before_a_row_to_retry_are_named_and_a_parked_row_names_none() -> None:
+    rows = [(40, 1), (41, 2), (42, 3)]
+    outcomes = [published(40), RowOutcome(41, RowState.PENDING, "x"), RowOutcome(42, RowState.FAILED, "y")]
+    assert retried_shards(rows, outcomes) == {2}
