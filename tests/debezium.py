@@ -47,14 +47,18 @@ def debezium_version() -> str:
 class DebeziumConnect:
     """One Kafka Connect standalone worker running one Debezium PostgreSQL connector on `schema`.outbox.
 
-    The database must run with wal_level=logical. The replication slot and publication are created on
-    first start (snapshot.mode=no_data: rows committed before that are not read, as with a new deployment);
-    `drop_slot` removes them so the next run starts clean.
+    The database must run with wal_level=logical. The publication is created here, the replication slot
+    on first start (snapshot.mode=no_data: rows committed before that are not read, as with a new
+    deployment); `close` removes both so the next run starts clean. The outbox is partitioned (migration
+    0007): Debezium's documented setup for that is a publication created by hand with
+    publish_via_partition_root, so every partition's rows reach it as the outbox's (its own "filtered"
+    publication would name the parent, and the changes would arrive under the partitions' names, which
+    table.include.list does not match).
     """
 
     def __init__(
         self,
-        dsn_host: str,
+        dsn: str,
         port: int,
         bootstrap: str,
         schema: str,
@@ -63,6 +67,12 @@ class DebeziumConnect:
         topic_replacement: str = "outbox.event.${routedByValue}",
     ) -> None:
         libs = resolve_classpath(POM, f"debezium-{debezium_version()}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {SLOT}")
+            outbox = f'"{schema}".outbox'
+            conn.execute(
+                f"CREATE PUBLICATION {SLOT} FOR TABLE {outbox} WITH (publish_via_partition_root = true)"
+            )
         self.directory = Path(tempfile.mkdtemp(prefix="postbox-debezium-"))
         self.rest_port = free_port()
         self.log_path = self.directory / "connect.log"
@@ -81,7 +91,7 @@ class DebeziumConnect:
             "name": "postbox-bench-outbox",
             "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
             "tasks.max": "1",
-            "database.hostname": dsn_host,
+            "database.hostname": "127.0.0.1",
             "database.port": str(port),
             "database.user": "postgres",
             "database.dbname": "postgres",
@@ -89,7 +99,7 @@ class DebeziumConnect:
             "plugin.name": "pgoutput",
             "slot.name": SLOT,
             "publication.name": SLOT,
-            "publication.autocreate.mode": "filtered",
+            "publication.autocreate.mode": "disabled",
             "table.include.list": f"{schema}.outbox",
             "snapshot.mode": "no_data",
             "tombstones.on.delete": "false",

@@ -47,6 +47,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox
 GRANT SELECT, INSERT, DELETE ON :"schema".outbox_tick TO postbox_relay;
 GRANT SELECT, UPDATE ON :"schema".outbox_cursor TO postbox_relay;
 GRANT SELECT ON :"schema".outbox_mode TO postbox_relay;
+-- The outbox's partitions (migration 0007): created ahead, emptied and dropped by a function that runs
+-- as its owner (the migrator), so the relay needs no ownership, DDL right or TRUNCATE of its own.
+GRANT EXECUTE ON FUNCTION :"schema".outbox_maintain_partitions(bigint, interval) TO postbox_relay;
 -- Pruning published rows (--prune-retention or --delete-on-publish in the daemon) also needs DELETE;
 -- `postbox relay prune` can run as the migrator instead:
 --   GRANT DELETE ON :"schema".outbox TO postbox_relay;

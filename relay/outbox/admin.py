@@ -133,13 +133,49 @@ def prune(
     retention: timedelta,
     batch_size: int = 1000,
     max_batches: int | None = None,
-) -> int:
-    """Delete published rows older than `retention`, a small batch per transaction; returns rows deleted.
+) -> Pruned:
+    """Empty the outbox partitions finished for longer than `retention` (log mode's only retention: no row
+    deletes), then delete the rows published in queue mode older than it, a small batch per transaction.
 
-    Only rows published in queue mode ('published') or read in log mode (logged rows their shard's cursor
-    has passed) qualify: a row still to publish or a parked one is never deleted.
+    A row still to publish, a logged row a cursor has not passed, or a parked one is never removed.
     """
-    return sum(
-        delete_in_batches(conn, query(QUERIES, name), {"retention": retention}, batch_size, max_batches)
-        for name in ("prune_batch", "log_prune_batch")
+    partitions = maintain_partitions(conn, None, retention)  # first: whole partitions cost no row deletes
+    deleted = delete_in_batches(
+        conn, query(QUERIES, "prune_batch"), {"retention": retention}, batch_size, max_batches
     )
+    return Pruned(deleted, partitions)
+
+
+@dataclass(frozen=True)
+class PartitionUpkeep:
+    created: int  # partitions created ahead
+    done: int  # partitions found finished (every row published or read)
+    emptied: int  # truncated (finished for longer than the retention)
+    dropped: int
+    parked_moved: int  # parked rows moved out of an emptied partition to outbox_parked
+
+    @property
+    def changed(self) -> bool:
+        return any((self.created, self.done, self.emptied, self.dropped, self.parked_moved))
+
+
+@dataclass(frozen=True)
+class Pruned:
+    rows: int  # published rows deleted one by one (queue mode)
+    partitions: PartitionUpkeep
+
+
+def maintain_partitions(
+    conn: psycopg.Connection[tuple[object, ...]],
+    xids_per_partition: int | None,
+    retention: timedelta | None,
+) -> PartitionUpkeep:
+    """One run of outbox_maintain_partitions (its own transaction): partitions ahead of the txids in use
+    (none with `xids_per_partition` None), and with a retention, finished partitions emptied whole."""
+    with conn.transaction():
+        found = conn.execute(
+            query(QUERIES, "maintain_partitions"),
+            {"xids_per_partition": xids_per_partition, "retention": retention},
+        ).fetchone()
+    assert found is not None
+    return PartitionUpkeep(*(int(str(v or 0)) for v in found))

@@ -171,6 +171,10 @@ def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
     from relay.outbox.admin import prune  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
-        deleted = prune(conn, settings.older_than, batch_size=settings.batch_size)
-    print(f"pruned {deleted} published rows older than {settings.older_than}")
+        pruned = prune(conn, settings.older_than, batch_size=settings.batch_size)
+    print(
+        f"pruned {pruned.rows} published rows older than {settings.older_than}; emptied "
+        f"{pruned.partitions.emptied} finished outbox partitions (dropped {pruned.partitions.dropped}, "
+        f"{pruned.partitions.parked_moved} parked rows kept in outbox_parked)"
+    )
     return 0

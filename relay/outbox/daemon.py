@@ -219,6 +219,13 @@ class Relay:
                     "delete-on-publish: this role may not DELETE from the outbox "
                     f"(GRANT DELETE ON {self.settings.schema}.outbox TO the relay's role)"
                 )
+        allowed = self._lease_conn.execute(query(QUERIES, "may_maintain_partitions")).fetchone()
+        if not (allowed and allowed[0]):
+            raise RelayConfigurationError(
+                "this role may not keep the outbox's partitions (GRANT EXECUTE ON FUNCTION "
+                f"{self.settings.schema}.outbox_maintain_partitions(bigint, interval) TO the relay's role; "
+                "deploy/sql/roles.sql does)"
+            )
         if self.settings.listen:
             # Its own connection, used for nothing else, so no notification is consumed by another query.
             self._listen_conn = self._connect(True)
@@ -340,6 +347,7 @@ class Relay:
             self.metrics.shards_owned.set(len(owned))
             self.metrics.leases_lost.inc(self.leases.lost_in_last_tick)
             self._refresh_backlog_gauges()
+            self._maintain_partitions()
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
             self._recheck_blocked_topics()
         self._maybe_prune()
@@ -631,14 +639,29 @@ class Relay:
             for shard, lag in progress.cursor_lag_seconds.items():
                 self.metrics.log_cursor_lag_seconds.labels(str(shard)).set(lag)
 
+    def _maintain_partitions(self) -> None:
+        """Keep outbox partitions ahead of the txids in use (writers would otherwise fill the default
+        partition), and note the finished ones; emptying them is pruning's (with --prune-retention)."""
+        assert self._lease_conn is not None
+        upkeep = admin.maintain_partitions(self._lease_conn, self.settings.partition_xids, None)
+        if upkeep.changed:
+            log.info("relay_partitions_maintained", created=upkeep.created, done=upkeep.done)
+
     def _maybe_prune(self) -> None:
         retention = self.settings.prune_retention
         if retention is None or time.monotonic() < self._next_prune:
             return
         self._next_prune = time.monotonic() + self.settings.prune_interval
-        deleted = admin.prune(self._batch_conns[0], retention, batch_size=1000, max_batches=10)
-        if deleted:
-            log.info("relay_pruned", rows=deleted, retention_seconds=retention / timedelta(seconds=1))
+        pruned = admin.prune(self._batch_conns[0], retention, batch_size=1000, max_batches=10)
+        if pruned.rows or pruned.partitions.changed:
+            log.info(
+                "relay_pruned",
+                rows=pruned.rows,
+                partitions_emptied=pruned.partitions.emptied,
+                partitions_dropped=pruned.partitions.dropped,
+                parked_moved=pruned.partitions.parked_moved,
+                retention_seconds=retention / timedelta(seconds=1),
+            )
 
     # -- waiting -----------------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ class Snapshots:
     prev_xip: list[str]
     cur: str  # its closing tick's
     cur_xmax: str
+    prev_xmin: str
 
 
 @dataclass
@@ -135,6 +136,8 @@ class LogReader:
                     "last_ids": floors,
                     "cur": snapshots.cur,
                     "prev": snapshots.prev,
+                    "prev_xmin": snapshots.prev_xmin,
+                    "cur_xmax": snapshots.cur_xmax,
                 },
             ).fetchall()
             if not rows:  # the window is read: its closing tick is where the group stands now
@@ -184,7 +187,7 @@ class LogReader:
             if len(self._snapshots) > 256:
                 self._snapshots.clear()
             self._snapshots[key] = Snapshots(
-                str(found[0]), str(found[1]), list(found[2]), str(found[3]), str(found[4])
+                str(found[0]), str(found[1]), list(found[2]), str(found[3]), str(found[4]), str(found[5])
             )
         return self._snapshots[key]
 

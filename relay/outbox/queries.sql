@@ -121,6 +121,10 @@ SELECT id FROM deleted UNION ALL SELECT id FROM updated
 -- --delete-on-publish needs DELETE on the outbox, which the least-privilege relay role lacks.
 SELECT has_table_privilege('outbox', 'DELETE')
 
+-- name: may_maintain_partitions
+-- Every relay keeps the outbox's partitions ahead of the txids in use, through this SECURITY DEFINER function.
+SELECT has_function_privilege('outbox_maintain_partitions(bigint, interval)', 'EXECUTE')
+
 -- name: lock_relay_id
 -- A session lock on the lease connection for as long as the replica is connected: a second replica
 -- started with the same relay id waits instead of sharing (and, when it stops, releasing) its leases.
@@ -275,7 +279,7 @@ RETURNING tick
 -- name: log_snapshots
 -- A window's two snapshots, taken apart for log_window_bounds' index conditions.
 SELECT p.snapshot::text, pg_snapshot_xmax(p.snapshot)::text, array(SELECT pg_snapshot_xip(p.snapshot))::text[],
-       c.snapshot::text, pg_snapshot_xmax(c.snapshot)::text
+       c.snapshot::text, pg_snapshot_xmax(c.snapshot)::text, pg_snapshot_xmin(p.snapshot)::text
 FROM outbox_tick AS p, outbox_tick AS c
 WHERE p.tick = %(tick)s AND c.tick = %(window_to)s
 
@@ -302,12 +306,14 @@ SELECT min(id), max(id) FROM (
 -- The next page of a window in id order: rows with id past their shard's last_id, up to the window's
 -- max_id, written by a transaction that finished between the two snapshots. Ids within a window follow
 -- the order of the writes: a transaction that wrote after another committed has the higher ids. The
--- byte budget and the unloaded oversized rows are claim_batch's, and so are the columns returned.
+-- byte budget and the unloaded oversized rows are claim_batch's, and so are the columns returned. The
+-- txid range (every txid of the window is in it) lets the outbox's partitions outside it be skipped.
 WITH page AS MATERIALIZED (
     SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic,
            shard, created_at, message_bytes, (message_bytes <= %(max_message_bytes)s) AS fits
     FROM outbox
     WHERE id > %(from_id)s AND id <= %(max_id)s
+      AND txid >= %(prev_xmin)s::xid8 AND txid < %(cur_xmax)s::xid8
       AND state = 'logged'
       AND shard = ANY (%(shards)s::integer[])
       AND id > (%(last_ids)s::bigint[])[shard + 1]
@@ -375,18 +381,11 @@ SELECT coalesce(extract(epoch FROM clock_timestamp() - (SELECT max(taken_at) FRO
        coalesce((SELECT extract(epoch FROM clock_timestamp() - min(xact_start))
                  FROM pg_stat_activity WHERE backend_xid IS NOT NULL), 0)::float8
 
--- name: log_prune_batch
--- One small batch of logged rows past the retention that their shard's cursor has passed (visible in the
--- snapshot of the cursor's tick). Never a row still to read, a pending or a parked one.
-DELETE FROM outbox
-WHERE id IN (
-    SELECT o.id FROM outbox AS o
-    JOIN outbox_cursor AS c ON c.shard = o.shard
-    JOIN outbox_tick AS t ON t.tick = c.tick
-    WHERE o.state = 'logged' AND o.created_at < clock_timestamp() - %(retention)s::interval
-      AND pg_visible_in_snapshot(o.txid, t.snapshot)
-    ORDER BY o.id
-    LIMIT %(limit)s)
+-- name: maintain_partitions
+-- Partitions ahead of the txids in use (none created with a NULL width), finished ones marked done and,
+-- with a retention, emptied whole and dropped (schemas/migrations/0007_outbox_partitions.sql).
+SELECT created, done, emptied, dropped, parked_moved
+FROM outbox_maintain_partitions(%(xids_per_partition)s::bigint, %(retention)s::interval)
 
 -- name: log_switch_lock
 -- Switching modes changes the state default: writers wait for this lock, so no row is written in the

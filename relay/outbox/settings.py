@@ -28,6 +28,7 @@ from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, validate_topic_template
 # The relay's safety rests on these producer settings; a pass-through value may not weaken them.
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
+DEFAULT_PARTITION_XIDS = 4_194_304
 
 
 def _default_relay_id() -> str:
@@ -66,6 +67,12 @@ class RelaySettings(Settings):
         "log mode: the least seconds between two snapshots (ticks) the relays take; a row waits for the "
         "first tick after its commit",
         bounds=(0.001, 60),
+    )
+    partition_xids: int = setting(
+        DEFAULT_PARTITION_XIDS,
+        "transaction ids per outbox partition: the relay creates partitions up to two widths ahead of the "
+        "ids in use and, with --prune-retention, empties finished partitions whole instead of deleting rows",
+        bounds=(16, 1 << 31),
     )
     batch_size: int = setting(
         1000, "rows claimed per batch (per lane)", bounds=(1, 10_000), retired=("POSTBOX_BATCH_SIZE",)
@@ -124,7 +131,8 @@ class RelaySettings(Settings):
     )
     prune_retention: timedelta | None = setting(
         None,
-        "delete published rows older than this (e.g. 7d) while running; off when unset",
+        "while running, empty outbox partitions finished for longer than this (e.g. 7d) and delete "
+        "published rows older than it; off when unset",
         parse=duration,
         bounds=(1, 1e9),
         renamed=(Renamed("POSTBOX_PRUNE_RETENTION"),),
@@ -199,7 +207,7 @@ class PruneSettings(DatabaseSettings):
 
     older_than: timedelta = setting(
         timedelta(days=7),
-        "delete published rows older than this",
+        "empty outbox partitions finished for longer than this and delete published rows older than it",
         env="POSTBOX_RELAY_PRUNE_RETENTION",
         bounds=(1, 1e9),
         renamed=(Renamed("POSTBOX_PRUNE_RETENTION"),),

@@ -20,6 +20,8 @@ Debezium needs, so both tools see the same database):
   commit returning to a consumer receiving the message (so it includes the consumer's fetch; the broker's
   ack comes earlier): postbox with NOTIFY on and off, postbox in log mode, and Debezium;
 - resident memory (peak) and CPU seconds of each publishing process;
+- longtx: log mode's and queue mode's steady-state latency (200 events/s for 60 s) with a transaction
+  elsewhere that holds an id open for the whole run, against none;
 - tracing: one relay's drain and steady-state latency with OpenTelemetry absent, installed but off, and
   on (every span, 1% by the relay's sampler, 1% by the writers' with the default parent-based sampler),
   exporting OTLP/HTTP to a receiver in this process;
@@ -407,7 +409,7 @@ def publishing(
             for relay in relays:
                 relay.__exit__()
         return
-    debezium = DebeziumConnect("127.0.0.1", s.postgres.port, s.kafka.bootstrap, SCHEMA)
+    debezium = DebeziumConnect(s.postgres.dsn, s.postgres.port, s.kafka.bootstrap, SCHEMA)
     try:
         wait_until(lambda: debezium.streaming(s.postgres.dsn), 180, interval=0.5, what="Debezium streaming")
         yield [debezium]
@@ -473,11 +475,13 @@ def bench_latency(
     env: dict[str, str] | None = None,
     sampled_every: int | None = None,
     mode: str = "queue",
+    open_transaction: bool = False,
 ) -> LatencyRun:
     """Writers commit one event per transaction at `rate`; each event's time from the commit returning to
     a consumer receiving it. With `breakdown` (postbox only) the relay runs at debug level, whose
     per-batch line gives each batch's wall-clock stages and rows, and each event's latency is split
-    into its stages (see STAGES). mode: the outbox's and the relay's (postbox only)."""
+    into its stages (see STAGES). mode: the outbox's and the relay's (postbox only). open_transaction: a
+    transaction elsewhere that takes an id (and writes no outbox row) stays open while the writers run."""
     s.fresh_schema(mode)
     if tool == "postbox":
         relay_args = (*relay_args, "--mode", mode)
@@ -530,6 +534,7 @@ def bench_latency(
     relay_args = (*relay_args, *(() if listen else ("--no-listen",)))
     log_level = "debug" if breakdown else "info"
     run: LatencyRun
+    holder = psycopg.connect(s.postgres.dsn) if open_transaction else None
     try:
         with publishing(s, tool, relay_args=relay_args, log_level=log_level, env=env) as publishers:
             reader = threading.Thread(target=consume)
@@ -539,6 +544,8 @@ def bench_latency(
             if not joined.wait(60):
                 raise RuntimeError("the latency consumer got no partitions within 60 s")
             _, cpu_before = process_usage(publishers[0].process_id)
+            if holder is not None:
+                holder.execute("SELECT pg_current_xact_id()")  # an id, in every snapshot's running list
             writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
             for thread in writers:
                 thread.start()
@@ -563,6 +570,9 @@ def bench_latency(
     finally:
         stop.set()
         consumer.close()
+        if holder is not None:
+            holder.rollback()
+            holder.close()
     return run
 
 
@@ -1026,7 +1036,7 @@ def repeat(runs: int, measure: Callable[[], float]) -> list[float]:
     return [measure() for _ in range(runs)]
 
 
-PARTS = ("limits", "drain", "latency", "tracing", "consumers", "webhooks")
+PARTS = ("limits", "drain", "latency", "longtx", "tracing", "consumers", "webhooks")
 
 
 def main() -> int:
@@ -1169,6 +1179,31 @@ def main() -> int:
                         f"{share_within(acked, 50):.2%} / {share_within(acked, 100):.2%}; p99 from the "
                         f"histogram {histogram_quantile(shares, 0.99) * 1000:.0f} ms (bucket-interpolated), "
                         f"measured here {percentile(acked, 0.99):.1f} ms"
+                    )
+        if "longtx" in parts:
+            seconds, rate = 60.0, 200
+            say(
+                f"\n-- a transaction elsewhere holding an id (no outbox row) open for a whole "
+                f"{seconds:.0f} s run against none, {rate} events/s, NOTIFY on, runs interleaved; ms from "
+                "commit to consumer --"
+            )
+            bench_latency(s, 1000, 5, "postbox", payload_of(200), mode="log")  # warm-up, unmeasured
+            for mode in ("log", "queue"):
+                by_held: dict[bool, list[LatencyRun]] = {False: [], True: []}
+                for _ in range(args.runs):
+                    for held in (False, True):
+                        by_held[held].append(
+                            bench_latency(
+                                s, rate, seconds, "postbox", payload_of(200), mode=mode, open_transaction=held
+                            )
+                        )
+                for held, measured in by_held.items():
+                    say(
+                        f"{mode:5} mode, {'one held open' if held else 'none open    '}: p50 "
+                        f"{median_spread([percentile(r.latencies, 0.5) for r in measured], 1)}, p99 "
+                        f"{median_spread([percentile(r.latencies, 0.99) for r in measured], 1)}, max "
+                        f"{median_spread([r.latencies[-1] for r in measured], 1)} "
+                        f"({achieved(measured[0], seconds)})"
                     )
         if "tracing" in parts:
             rows = min(args.rows, 300_000)

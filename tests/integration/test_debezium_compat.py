@@ -58,7 +58,7 @@ def test_postbox_messages_match_debezium_outbox_router_byte_for_byte(
         create_topic(servers.kafka_bootstrap, topic, PARTITIONS)
 
     debezium = DebeziumConnect(
-        "127.0.0.1",
+        logical_postgres.dsn,
         logical_postgres.port,
         servers.kafka_bootstrap,
         SCHEMA,

@@ -267,6 +267,18 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
             what="published by the least-privilege relay",
         )
         assert relay.terminate() == 0
+    # It kept the outbox's partitions ahead through the function it may execute, which runs as the
+    # migrator; it cannot empty or drop a partition itself, and a writer cannot call that function.
+    with psycopg.connect(own_postgres.dsn) as admin:
+        owners = admin.execute(
+            "SELECT DISTINCT pg_get_userbyid(c.relowner) FROM postbox.outbox_partition AS p "
+            "JOIN pg_class AS c ON c.relname = p.name AND c.relnamespace = 'postbox'::regnamespace "
+            "WHERE p.xid_from IS NOT NULL"
+        ).fetchall()
+    assert owners == [("postbox_migrator",)], "partitions created ahead, owned by the migrator"
+    refused(url["relay"], "TRUNCATE postbox.outbox_default")
+    refused(url["relay"], "DROP TABLE postbox.outbox_parked")
+    refused(url["writer"], "SELECT postbox.outbox_maintain_partitions(16, NULL)")
     refused(url["relay"], "DELETE FROM postbox.outbox")
     refused(url["relay"], "UPDATE postbox.outbox SET payload = '{}'")
     refused(url["relay"], "SELECT count(*) FROM postbox.inbox_message")

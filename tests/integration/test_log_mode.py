@@ -147,23 +147,91 @@ def test_a_log_relay_refuses_an_outbox_never_switched(servers: Servers, schema: 
 
 
 @LOG
-def test_pruning_deletes_only_logged_rows_every_cursor_has_passed(
+def test_finished_partitions_are_emptied_whole_and_no_unread_open_or_parked_row_is_lost(
     servers: Servers, schema: str, db: Conn
 ) -> None:
-    aggregate_type = f"prune{uuid.uuid4().hex[:6]}"
-    _write(servers.database_url, schema, _events(aggregate_type, 20))
-    with connect(servers.database_url, schema) as conn:
-        assert prune(conn, retention=timedelta(seconds=0)) == 0, "nothing read yet"
-    assert "log unpublished    20 rows" in _status(servers, schema)
-    with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
-        wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 20}, 20)
+    """Retention in log mode empties whole partitions of txids (no row deletes). A partition is emptied
+    only once no transaction that could write to it is open and every shard's cursor has read past it; a
+    parked row in it moves to outbox_parked first and can still be requeued."""
+    url, bootstrap = servers.database_url, servers.kafka_bootstrap
+    aggregate_type = f"part{uuid.uuid4().hex[:6]}"
+
+    def burn(xids: int) -> None:  # transactions that take an id and write nothing: txids move on
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(xids):
+                conn.execute("SELECT pg_current_xact_id()")
+
+    def prune_now() -> int:
+        with connect(url, schema) as conn:
+            return prune(conn, retention=timedelta(0)).partitions.emptied
+
+    def left(event_ids: list[str]) -> set[str]:
+        found = db.execute("SELECT event_id::text FROM outbox WHERE event_id::text = ANY (%s)", (event_ids,))
+        return {str(r[0]) for r in found}
+
+    def ranged_partitions() -> int:
+        found = db.execute("SELECT count(*) FROM outbox_partition WHERE xid_to IS NOT NULL").fetchone()
+        return int(str(found[0])) if found else 0
+
+    written = _write(url, schema, _events(aggregate_type, 10))  # before any relay: the default partition
+    parked = db.execute(
+        "UPDATE outbox SET state = 'failed', last_error = 'parked for the test' WHERE event_id = %s "
+        "RETURNING id",
+        (written[0],),
+    ).fetchone()
+    assert parked is not None
+    parked_id = int(str(parked[0]))
+    prune_now()
+    assert left(written) == set(written), "unread rows stay"
+
+    with RelayProcess(url, bootstrap, schema, "--partition-xids", "64") as relay:
+        wait_until(lambda: outbox_states(url, schema) == {"published": 9, "failed": 1}, 30)
+        wait_until(lambda: ranged_partitions() >= 2, 10, what="partitions created ahead")
+        holder = psycopg.connect(url)  # an open transaction that holds an outbox row
+        held = str(enqueue(holder, aggregate_type, "held", "Changed", {"seq": -1}, schema=schema))
+        found = holder.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        assert found is not None
+        held_txid = int(str(found[0]))
+        try:
+            after_held: list[str] = []
+            for round_ in range(4):  # rows in several partitions, past the open transaction's
+                burn(64)
+                after_held += _write(url, schema, _events(aggregate_type, 10, start=10 + 10 * round_))
+            wait_until(lambda: outbox_states(url, schema) == {"published": 49, "failed": 1}, 30)
+            emptied = sum(prune_now() for _ in range(3))
+            assert left(after_held) == set(after_held), (
+                "nothing from the open transaction's txid on is emptied"
+            )
+            kept = db.execute("SELECT count(*) FROM outbox WHERE txid >= %s::text::xid8", (str(held_txid),))
+            assert kept.fetchone() == (40,)
+            holder.commit()
+        finally:
+            holder.close()
+        written += after_held
+        published = len(written) - 1 + 1  # the parked row not, the held row since its commit
+        read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=published)
+
+        burn(200)
+        last = _write(url, schema, _events(aggregate_type, 5, start=100))  # new ticks; cursors move on
+        wait_until(lambda: outbox_states(url, schema).get("pending", 0) == 0, 30, what="last rows read")
+        everything_before_last = [*written, held]
+
+        def emptied_all_but_the_parked_row() -> bool:
+            nonlocal emptied
+            emptied += prune_now()
+            return left(everything_before_last) == {written[0]}
+
+        wait_until(emptied_all_but_the_parked_row, 30, what="finished partitions emptied")
+        assert emptied >= 3
+        assert ranged_partitions() <= 4, "emptied partitions are dropped"
+        assert db.execute("SELECT to_regclass('outbox_p0')").fetchone() == (None,)
+        moved = db.execute("SELECT state, tableoid::regclass::text FROM outbox WHERE id = %s", (parked_id,))
+        assert moved.fetchone() == ("failed", "outbox_parked"), "the parked row is kept apart"
+
+        assert requeue(db, ids=[parked_id]) == [parked_id]
+        records = read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=len(written) + 1 + 5)
         assert relay.terminate() == 0
-    assert "log unpublished    0 rows" in _status(servers, schema)
-    late = _write(servers.database_url, schema, _events(aggregate_type, 4, start=20))  # written, not read
-    with connect(servers.database_url, schema) as conn:
-        assert prune(conn, retention=timedelta(seconds=0)) == 20
-    left = db.execute("SELECT event_id::text FROM outbox ORDER BY id").fetchall()
-    assert [r[0] for r in left] == late
+    assert sorted(r.headers["id"].decode() for r in records) == sorted([*written, held, *last])
 
 
 def _status(servers: Servers, schema: str) -> str:

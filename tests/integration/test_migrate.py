@@ -9,7 +9,9 @@ import psycopg
 import pytest
 
 from relay.core.migrate import Migration, MigrationError, load_migrations, migrate
+from relay.outbox.daemon import NOTIFY_CHANNEL
 from tests.servers import Servers
+from tests.support import RelayProcess, outbox_states, wait_until
 
 
 def test_migrate_twice_applies_once(servers: Servers) -> None:
@@ -76,3 +78,70 @@ def test_the_plain_sql_applies_with_another_tool(servers: Servers) -> None:
         count = conn.execute(f'SELECT count(*) FROM "{schema}".outbox_shard_lease').fetchone()
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     assert count == (64,)
+
+
+def test_partitioning_an_existing_outbox_keeps_its_rows_ids_grants_and_wake_ups(servers: Servers) -> None:
+    """Migration 0007 turns a live outbox into the first partition of a partitioned one: every row stays as
+    it was, ids go on, a writer's column grants still hold (and still refuse the relay's columns), inserts
+    still wake the relay, and a relay publishes what was pending."""
+    schema = f"m_{uuid.uuid4().hex[:8]}"
+    writer = f"w_{uuid.uuid4().hex[:8]}"
+    before = [m for m in load_migrations() if m.version < 7]
+    with psycopg.connect(servers.database_url, autocommit=True) as conn:
+        try:
+            migrate(conn, schema, before)
+            conn.execute(f'SET search_path TO "{schema}"')
+            conn.execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                "SELECT 'upgrade', 'a' || i, 'E', jsonb_build_object('i', i) FROM generate_series(1, 6) AS i"
+            )
+            conn.execute("UPDATE outbox SET state = 'published', published_at = now() WHERE id <= 2")
+            conn.execute("UPDATE outbox SET state = 'failed', last_error = 'parked' WHERE id = 3")
+            conn.execute(f"CREATE ROLE {writer}")
+            conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO {writer}')
+            conn.execute(
+                f"GRANT INSERT (aggregate_type, aggregate_id, event_type, payload) ON outbox TO {writer}"
+            )
+            rows = conn.execute("SELECT id, event_id, state, txid FROM outbox ORDER BY id").fetchall()
+
+            assert [m.version for m in migrate(conn, schema)] == [7]
+            assert conn.execute("SELECT relkind FROM pg_class WHERE oid = 'outbox'::regclass").fetchone() == (
+                "p",
+            )
+            assert (
+                conn.execute("SELECT id, event_id, state, txid FROM outbox_p0 ORDER BY id").fetchall() == rows
+            )
+
+            with psycopg.connect(servers.database_url, autocommit=True) as listener:
+                listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                conn.execute(f"SET ROLE {writer}")
+                conn.execute(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                    "VALUES ('upgrade', 'b', 'E', '{}')"
+                )
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, state) "
+                        "VALUES ('upgrade', 'c', 'E', 'published')"
+                    )
+                conn.execute("RESET ROLE")
+                woken = list(listener.notifies(timeout=5, stop_after=1))
+            new = conn.execute("SELECT id FROM outbox WHERE aggregate_id = 'b'").fetchone()
+            assert new == (7,), "ids go on from the old table's"
+            assert [n.channel for n in woken] == [NOTIFY_CHANNEL]
+
+            with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+                wait_until(
+                    lambda: outbox_states(servers.database_url, schema) == {"published": 6, "failed": 1},
+                    30,
+                    what="the pending rows published after the upgrade",
+                )
+                assert relay.terminate() == 0
+            partitions = conn.execute("SELECT count(*) FROM outbox_partition WHERE xid_from IS NOT NULL")
+            assert partitions.fetchone() == (1,), (
+                "the relay created one partition ahead (up to 2 widths ahead)"
+            )
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f"DROP ROLE IF EXISTS {writer}")

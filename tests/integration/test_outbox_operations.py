@@ -97,8 +97,8 @@ def test_status_requeue_and_prune(servers: Servers, schema: str, db: Conn) -> No
 
     with psycopg.connect(servers.database_url) as conn:
         conn.execute(f'SET search_path TO "{schema}"')
-        assert prune(conn, timedelta(days=7), batch_size=1) == 2
-        assert prune(conn, timedelta(days=7)) == 0
+        assert prune(conn, timedelta(days=7), batch_size=1).rows == 2
+        assert prune(conn, timedelta(days=7)).rows == 0
     remaining = dict(db.execute("SELECT state, count(*) FROM outbox GROUP BY state").fetchall())
     assert remaining == {"pending": 3, "failed": 1}, "prune never touches pending or parked rows"
 
