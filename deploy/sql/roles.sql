@@ -50,6 +50,7 @@ GRANT SELECT ON :"schema".outbox_mode TO postbox_relay;
 -- The outbox's partitions (migration 0007): created ahead, emptied and dropped by a function that runs
 -- as its owner (the migrator), so the relay needs no ownership, DDL right or TRUNCATE of its own.
 GRANT EXECUTE ON FUNCTION :"schema".outbox_maintain_partitions(bigint, interval) TO postbox_relay;
+GRANT SELECT ON :"schema".outbox_partition TO postbox_relay;  -- for `postbox relay status`
 -- Pruning published rows (--prune-retention or --delete-on-publish in the daemon) also needs DELETE;
 -- `postbox relay prune` can run as the migrator instead:
 --   GRANT DELETE ON :"schema".outbox TO postbox_relay;

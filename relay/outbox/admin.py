@@ -22,6 +22,8 @@ class Status:
     failed: int  # rows parked: in state failed
     unowned_shards: int
     owners: list[tuple[str, int, float]]  # (relay id, shards held, seconds until the earliest expiry)
+    partitions: int  # the outbox's partitions by txid, besides outbox_default and outbox_parked
+    partitions_finished: int  # of which finished: every row published or read, waiting for the retention
 
 
 def status(conn: psycopg.Connection[tuple[object, ...]]) -> Status:
@@ -29,11 +31,19 @@ def status(conn: psycopg.Connection[tuple[object, ...]]) -> Status:
     unowned = conn.execute(query(QUERIES, "unowned_shards")).fetchone()
     assert backlog is not None
     assert unowned is not None
+    partitions = conn.execute(query(QUERIES, "partitions")).fetchone()
+    assert partitions is not None
     owners = [
         (str(o), int(str(c)), float(str(e))) for o, c, e in conn.execute(query(QUERIES, "shard_owners"))
     ]
     return Status(
-        int(str(backlog[0])), float(str(backlog[1])), int(str(backlog[2])), int(str(unowned[0])), owners
+        int(str(backlog[0])),
+        float(str(backlog[1])),
+        int(str(backlog[2])),
+        int(str(unowned[0])),
+        owners,
+        int(str(partitions[0])),
+        int(str(partitions[1])),
     )
 
 

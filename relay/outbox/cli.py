@@ -110,6 +110,7 @@ def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.Argume
     print(f"oldest unpublished {st.oldest_pending_seconds:.1f} s")
     print(f"failed             {st.failed} rows")
     print(f"unowned shards     {st.unowned_shards} of 64")
+    print(f"partitions         {st.partitions}, {st.partitions_finished} finished (emptied by pruning)")
     for owner, count, expires in st.owners:
         print(f"  {owner:40} {count:3} shards, lease ends in {expires:.1f} s")
     if unread is not None:

@@ -209,6 +209,13 @@ SELECT count(*) FILTER (WHERE state = 'pending'),
 FROM outbox
 WHERE state IN ('pending', 'failed')
 
+-- name: partitions
+-- The outbox's partitions by txid (migration 0007): those in use or ahead, and the finished ones waiting
+-- for the retention (emptied and dropped by pruning).
+SELECT count(*) FILTER (WHERE xid_to IS NOT NULL AND emptied_at IS NULL),
+       count(*) FILTER (WHERE xid_to IS NOT NULL AND emptied_at IS NULL AND done_at IS NOT NULL)
+FROM outbox_partition
+
 -- name: shard_owners
 SELECT owner, count(*), min(extract(epoch FROM expires_at - clock_timestamp()))
 FROM outbox_shard_lease

@@ -232,6 +232,12 @@ def test_finished_partitions_are_emptied_whole_and_no_unread_open_or_parked_row_
         records = read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=len(written) + 1 + 5)
         assert relay.terminate() == 0
     assert sorted(r.headers["id"].decode() for r in records) == sorted([*written, held, *last])
+    counts = db.execute(
+        "SELECT count(*), count(done_at) FROM outbox_partition "
+        "WHERE xid_to IS NOT NULL AND emptied_at IS NULL"
+    ).fetchone()
+    assert counts is not None
+    assert f"partitions         {counts[0]}, {counts[1]} finished" in _status(servers, schema)
 
 
 def _status(servers: Servers, schema: str) -> str:
