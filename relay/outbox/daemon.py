@@ -631,6 +631,8 @@ class Relay:
         self.metrics.oldest_pending_seconds.set(current.oldest_pending_seconds)
         self.metrics.failed_rows.set(current.failed)
         self.metrics.unowned_shards.set(current.unowned_shards)
+        self.metrics.outbox_partitions.labels("finished").set(current.partitions_finished)
+        self.metrics.outbox_partitions.labels("in_use").set(current.partitions - current.partitions_finished)
         if self._log is not None:
             prune_ticks(self._lease_conn)
             progress = admin.log_progress(self._lease_conn)

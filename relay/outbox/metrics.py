@@ -93,6 +93,13 @@ class RelayMetrics:
         self.unowned_shards = Gauge(
             "postbox_relay_unowned_shards", "Shards no live replica holds a lease on", registry=registry
         )
+        self.outbox_partitions = Gauge(
+            "postbox_relay_outbox_partitions",
+            "The outbox's partitions by txid (besides the default and parked ones), by state: in_use (rows "
+            "may still be added or read) or finished (waiting for the retention to empty them)",
+            ["state"],
+            registry=registry,
+        )
         self.producer_queue_messages = Gauge(
             "postbox_relay_producer_queue_messages",
             "Messages in librdkafka's queue (statistics msg_cnt)",

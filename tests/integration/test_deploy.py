@@ -346,6 +346,19 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
     refused(url["worker"], "SELECT count(*) FROM postbox.outbox")
     refused(url["worker"], "DELETE FROM postbox.webhook_inbox")
 
+    # Without EXECUTE on the partitions' function (roles.sql not rerun after migration 0007), a relay
+    # refuses to start and names the grant, before anything is claimed or sent.
+    with psycopg.connect(own_postgres.dsn, autocommit=True) as admin:
+        admin.execute(
+            "REVOKE EXECUTE ON FUNCTION postbox.outbox_maintain_partitions(bigint, interval) "
+            "FROM postbox_relay"
+        )
+    with RelayProcess(url["relay"], servers.kafka_bootstrap, "postbox") as relay:
+        assert relay.process.wait(timeout=30) == 2
+        assert "relay_misconfigured" in relay.log()
+        assert "GRANT EXECUTE ON FUNCTION postbox.outbox_maintain_partitions" in relay.log()
+    subprocess.run(run_roles, check=True, capture_output=True)  # granted again
+
     # Without the DELETE grant, --delete-on-publish is refused before anything is claimed or sent.
     with psycopg.connect(url["writer"]) as app:
         enqueue(app, "least", "a", "E", {"i": "after"})

@@ -20,7 +20,7 @@ from relay.core.db import connect
 from relay.outbox import OutboxEvent, enqueue, enqueue_many
 from relay.outbox.admin import SwitchRefused, prune, requeue, switch_mode
 from tests.servers import Servers
-from tests.support import RelayProcess, check_delivery, outbox_states, read_topic, wait_until
+from tests.support import RelayProcess, check_delivery, http_get, outbox_states, read_topic, wait_until
 
 LOG = pytest.mark.parametrize("relay_mode", ["log"], indirect=True)
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -227,6 +227,10 @@ def test_finished_partitions_are_emptied_whole_and_no_unread_open_or_parked_row_
         assert db.execute("SELECT to_regclass('outbox_p0')").fetchone() == (None,)
         moved = db.execute("SELECT state, tableoid::regclass::text FROM outbox WHERE id = %s", (parked_id,))
         assert moved.fetchone() == ("failed", "outbox_parked"), "the parked row is kept apart"
+
+        _, metrics = http_get(relay.metrics_port, "/metrics")  # the partitions' gauge, both states
+        assert 'postbox_relay_outbox_partitions{state="finished"}' in metrics
+        assert 'postbox_relay_outbox_partitions{state="in_use"}' in metrics
 
         assert requeue(db, ids=[parked_id]) == [parked_id]
         records = read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=len(written) + 1 + 5)
