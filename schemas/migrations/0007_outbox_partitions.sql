@@ -4,10 +4,10 @@
 --
 -- Why by txid and not by id or time: log mode reads rows by the snapshot their transaction committed in.
 -- A partition holding the txids [from, to) is complete once every transaction below `to` has ended
--- (pg_snapshot_xmin of a snapshot >= to): no row can ever be added to it again, and every committed row
--- in it is visible in that snapshot. So "every shard's cursor has passed it" is one comparison with the
--- cursors' ticks, with no gap or late-commit reasoning (an id range cannot say that: an id is taken before
--- its transaction commits, and may commit minutes later).
+-- (pg_snapshot_xmin of a snapshot >= to): no row can ever be added to it again. "Every shard's cursor has
+-- passed it" is then a visibility check of its logged rows against the oldest cursor tick's snapshot,
+-- with no gap or late-commit reasoning (an id range cannot say that: an id is taken before its
+-- transaction commits, and may commit minutes later).
 --
 -- outbox_maintain_partitions() (below) creates partitions ahead of the txids in use and empties and drops
 -- finished ones; relays call it (SECURITY DEFINER: the relay's role needs EXECUTE on it, not ownership of
@@ -105,8 +105,8 @@ COMMENT ON TABLE outbox_partition IS
 -- next call. What "finished" means, for a partition of txids [from, to):
 --   * every transaction with a txid below `to` has ended (so no row can be added to it);
 --   * it holds no pending row (queue mode's, or a requeued one, still to publish);
---   * if it holds logged rows, every shard's cursor has reached a tick whose snapshot's xmin >= `to`
---     (so every committed row in it is visible in that snapshot, hence published).
+--   * every logged row in it is visible in the snapshot of the oldest tick a cursor stands at (so every
+--     shard has read it; the log index finds the rows from that snapshot's xmin on).
 -- Parked rows (state failed) are moved to outbox_parked (txid 0, same id, reason and attempts) just
 -- before a partition is emptied, so `postbox relay status` and requeue still see them.
 -- The default partition is emptied under its lock when every row in it is finished by the same rules
