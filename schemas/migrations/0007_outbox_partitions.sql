@@ -146,34 +146,42 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Ahead: partitions for the txids to come. A new partition starts at least one width past the next
-    -- txid: a writer whose INSERT began before the ATTACH commits routes its row with the partitions it
-    -- saw then, and a txid of the new range would send it to the default partition, whose constraint now
-    -- refuses it. So the first call (and the first after a pause that used up the partitions ahead)
-    -- leaves the txids up to there to the default partition.
+    -- Ahead: partitions for the txids to come, up to two widths past the next txid. ATTACH alone takes only
+    -- SHARE UPDATE EXCLUSIVE on the outbox, and a writer whose INSERT began before it commits routes its
+    -- row with the partitions it saw then: a txid of the new range would send the row to the default
+    -- partition, whose constraint now refuses it, and the writer would fail. So inserts are held off
+    -- (SHARE: readers, claims and marks go on) while partitions are attached, and the next txid is read
+    -- again once they are: every txid from there on has written nothing yet, so the new partitions start
+    -- at it at the earliest (after a long pause, the txids in between stay in the default partition).
+    -- Writers queue behind the lock while it waits, so it waits at most 50 ms; the partitions are due a
+    -- width of txids before they are needed, so there are many more tries.
     SELECT max(p.xid_to) INTO top FROM outbox_partition AS p WHERE p.xid_to IS NOT NULL;
-    IF top IS NULL OR top < next_xid + xids_per_partition THEN
-        top := next_xid + xids_per_partition;
-    END IF;
-    WHILE top < next_xid + 2 * xids_per_partition LOOP
+    IF top IS NULL OR top < next_xid + 2 * xids_per_partition THEN
         BEGIN
-            EXECUTE format('CREATE TABLE %I (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
-                           'INCLUDING GENERATED)', 'outbox_x' || top);
-            EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I PRIMARY KEY (id)', 'outbox_x' || top,
-                           'outbox_x' || top || '_pkey');
-            -- ATTACH (not CREATE ... PARTITION OF) takes SHARE UPDATE EXCLUSIVE on the outbox: writers and
-            -- readers go on meanwhile.
-            EXECUTE format('ALTER TABLE outbox ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                           'outbox_x' || top, top, top + xids_per_partition);
-            INSERT INTO outbox_partition (name, xid_from, xid_to)
-            VALUES ('outbox_x' || top, top, top + xids_per_partition);
-            created := created + 1;
-        EXCEPTION WHEN lock_not_available OR check_violation THEN
-            -- Busy, or a writer put a row of this range in the default partition meanwhile: next call.
-            EXIT;
+            PERFORM set_config('lock_timeout', '50ms', true);
+            LOCK TABLE outbox IN SHARE MODE;
+            PERFORM set_config('lock_timeout', '200ms', true);
+            next_xid := pg_snapshot_xmax(pg_current_snapshot())::text::bigint;
+            IF top IS NULL OR top < next_xid THEN
+                top := next_xid;
+            END IF;
+            WHILE top < next_xid + 2 * xids_per_partition LOOP
+                EXECUTE format('CREATE TABLE %I (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+                               'INCLUDING GENERATED)', 'outbox_x' || top);
+                EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I PRIMARY KEY (id)', 'outbox_x' || top,
+                               'outbox_x' || top || '_pkey');
+                EXECUTE format('ALTER TABLE outbox ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                               'outbox_x' || top, top, top + xids_per_partition);
+                INSERT INTO outbox_partition (name, xid_from, xid_to)
+                VALUES ('outbox_x' || top, top, top + xids_per_partition);
+                created := created + 1;
+                top := top + xids_per_partition;
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            created := 0;  -- open writes held the lock past the timeout: next call
         END;
-        top := top + xids_per_partition;
-    END LOOP;
+        PERFORM set_config('lock_timeout', '200ms', true);
+    END IF;
 
     -- How far every shard's log is read: the snapshot of the oldest tick a cursor stands at (every row
     -- visible in it is published). NULL while a shard has no cursor (before the first switch to log mode).

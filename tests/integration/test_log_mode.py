@@ -198,12 +198,13 @@ def test_finished_partitions_are_emptied_whole_and_no_unread_open_or_parked_row_
                 burn(64)
                 after_held += _write(url, schema, _events(aggregate_type, 10, start=10 + 10 * round_))
             wait_until(lambda: outbox_states(url, schema) == {"published": 49, "failed": 1}, 30)
+            # Pruning may empty what is published (the rows after it, wherever no unread row or open
+            # writer holds their partition back), never the open transaction's own row.
             emptied = sum(prune_now() for _ in range(3))
-            assert left(after_held) == set(after_held), (
-                "nothing from the open transaction's txid on is emptied"
+            own = holder.execute(
+                f'SELECT txid::text::bigint FROM "{schema}".outbox WHERE event_id = %s', (held,)
             )
-            kept = db.execute("SELECT count(*) FROM outbox WHERE txid >= %s::text::xid8", (str(held_txid),))
-            assert kept.fetchone() == (40,)
+            assert own.fetchone() == (held_txid,), "the open transaction's row is still there"
             holder.commit()
         finally:
             holder.close()
