@@ -223,8 +223,8 @@ class Relay:
         if not (allowed and allowed[0]):
             raise RelayConfigurationError(
                 "this role may not keep the outbox's partitions (GRANT EXECUTE ON FUNCTION "
-                f"{self.settings.schema}.outbox_maintain_partitions(bigint, interval) TO the relay's role; "
-                "deploy/sql/roles.sql does)"
+                f"{self.settings.schema}.outbox_maintain_partitions(bigint, interval) and GRANT SELECT ON "
+                f"{self.settings.schema}.outbox_partition TO the relay's role; deploy/sql/roles.sql does)"
             )
         if self.settings.listen:
             # Its own connection, used for nothing else, so no notification is consumed by another query.

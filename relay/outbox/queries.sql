@@ -122,8 +122,10 @@ SELECT id FROM deleted UNION ALL SELECT id FROM updated
 SELECT has_table_privilege('outbox', 'DELETE')
 
 -- name: may_maintain_partitions
--- Every relay keeps the outbox's partitions ahead of the txids in use, through this SECURITY DEFINER function.
+-- Every relay keeps the outbox's partitions ahead of the txids in use, through this SECURITY DEFINER
+-- function, and reports them (status, the partitions gauge) from outbox_partition.
 SELECT has_function_privilege('outbox_maintain_partitions(bigint, interval)', 'EXECUTE')
+       AND has_table_privilege('outbox_partition', 'SELECT')
 
 -- name: lock_relay_id
 -- A session lock on the lease connection for as long as the replica is connected: a second replica
