@@ -50,6 +50,20 @@ if TYPE_CHECKING:
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.inbox")
 LAG_INTERVAL = 15.0
+# Request-level errors of the offset fetch after an assignment. librdkafka (2.16) leaves the partitions it
+# asked about waiting for that fetch forever (never fetched, never retried: confluentinc/librdkafka#5586),
+# while the consumer looks healthy. A new consumer (a new assignment) recovers at once from the committed
+# offsets.
+_STUCK_OFFSET_FETCH = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+}
+
+
+def leaves_assignment_stuck(error: KafkaError) -> bool:
+    """A consume error after which the assigned partitions are never fetched (see _STUCK_OFFSET_FETCH)."""
+    return error.code() in _STUCK_OFFSET_FETCH and "fetch committed offsets" in error.str()
 
 
 def _topics(value: str) -> list[str]:
@@ -115,6 +129,8 @@ class InboxConsumer:
         self._dead_letters: Producer | None = None
         self._in_flight: list[Any] = []  # the batch being applied, read again after a database loss
         self._next_lag = 0.0
+        self._consumer: Consumer | None = None
+        self._stuck: str | None = None  # why the assignment must be taken afresh (a new consumer)
 
     def stop(self) -> None:
         self.daemon.stop()
@@ -152,7 +168,6 @@ class InboxConsumer:
     def run(self) -> int:
         if not self.settings.topics:  # checked here: a requeue needs no topics
             raise ValueError("topics: at least one topic is required (POSTBOX_INBOX_TOPICS)")
-        consumer = self._kafka_consumer()
         if self.inbox.dead_letter_topic:
             self._dead_letters = Producer(
                 {
@@ -163,6 +178,30 @@ class InboxConsumer:
                 }
             )
 
+        self._consumer = self._subscribed()
+        log.info("inbox_started", consumer=self.inbox.consumer, topics=self.settings.topics)
+
+        def on_lost(_exc: BaseException) -> None:
+            self._close_db()
+            assert self._consumer is not None
+            self._rewind(self._consumer, self._in_flight)  # nothing of it was committed: read it again
+            self._in_flight = []
+
+        try:
+            self.daemon.run(
+                self._turn,
+                lost=lambda exc: database_unavailable(exc, self._conn),
+                on_lost=on_lost,
+            )
+        finally:
+            self._consumer.close()
+            if self._dead_letters is not None:
+                self._dead_letters.flush(10)
+            self._close_db()
+        log.info("inbox_stopped", consumer=self.inbox.consumer)
+        return 0
+
+    def _subscribed(self) -> Consumer:
         def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
             # Batches are applied and committed between polls, so nothing is in flight here.
             log.info("inbox_partitions_revoked", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
@@ -170,30 +209,21 @@ class InboxConsumer:
         def on_assign(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
             log.info("inbox_partitions_assigned", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
 
+        consumer = self._kafka_consumer()
         consumer.subscribe(self.settings.topics, on_assign=on_assign, on_revoke=on_revoke)
-        log.info("inbox_started", consumer=self.inbox.consumer, topics=self.settings.topics)
+        return consumer
 
-        def on_lost(_exc: BaseException) -> None:
-            self._close_db()
-            self._rewind(consumer, self._in_flight)  # nothing of it was committed: read it again
-            self._in_flight = []
-
-        try:
-            self.daemon.run(
-                lambda: self._turn(consumer),
-                lost=lambda exc: database_unavailable(exc, self._conn),
-                on_lost=on_lost,
-            )
-        finally:
-            consumer.close()
-            if self._dead_letters is not None:
-                self._dead_letters.flush(10)
-            self._close_db()
-        log.info("inbox_stopped", consumer=self.inbox.consumer)
-        return 0
-
-    def _turn(self, consumer: Consumer) -> None:
+    def _turn(self) -> None:
         """One poll: claim and apply the batch in one transaction, then commit its offsets."""
+        assert self._consumer is not None
+        if self._stuck is not None:
+            # Between batches, so nothing is in flight: closing commits the stored offsets and leaves the
+            # group; the new consumer's assignment starts from them.
+            log.warning("inbox_consumer_renewed", reason=self._stuck)
+            self._stuck = None
+            self._consumer.close()
+            self._consumer = self._subscribed()
+        consumer = self._consumer
         if time.monotonic() >= self._next_lag:
             self._next_lag = time.monotonic() + LAG_INTERVAL
             self._record_lag(consumer)
@@ -220,8 +250,7 @@ class InboxConsumer:
         except KafkaException as exc:
             log.warning("inbox_lag_unavailable", error=str(exc))
 
-    @staticmethod
-    def _usable(record: Any) -> bool:
+    def _usable(self, record: Any) -> bool:
         error = record.error()
         if error is None:
             return True
@@ -230,6 +259,8 @@ class InboxConsumer:
         if error.fatal():
             raise KafkaException(error)
         log.warning("inbox_consume_error", error=error.str())
+        if leaves_assignment_stuck(error):
+            self._stuck = error.str()
         return False
 
     def _db(self) -> psycopg.Connection[tuple[Any, ...]]:

@@ -56,3 +56,20 @@ def test_message_payload_and_key() -> None:
     assert m.payload == {"a": 1}
     assert m.key_text == "k"
     assert Message("t", 0, 1, None, None, {}, "x", None).payload is None
+
+
+def test_an_offset_fetch_a_stale_coordinator_refused_renews_the_consumer() -> None:
+    """librdkafka never retries an offset fetch refused as a whole (confluentinc/librdkafka#5586): the
+    consumer takes a new assignment instead of waiting forever; other errors do not renew it."""
+    from confluent_kafka import KafkaError  # noqa: PLC0415
+
+    from inbox.consumer import leaves_assignment_stuck  # noqa: PLC0415
+
+    seen_in_the_soak = (
+        'Failed to fetch committed offsets for 0 partition(s) in group "ledger": Broker: Not coordinator'
+    )
+    assert leaves_assignment_stuck(KafkaError(KafkaError.NOT_COORDINATOR, seen_in_the_soak))
+    loading = "Failed to fetch committed offsets for 3 partition(s): Broker: Coordinator load in progress"
+    assert leaves_assignment_stuck(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, loading))
+    assert not leaves_assignment_stuck(KafkaError(KafkaError.NOT_COORDINATOR, "Offset commit failed"))
+    assert not leaves_assignment_stuck(KafkaError(KafkaError._TRANSPORT, "Failed to fetch committed offsets"))
