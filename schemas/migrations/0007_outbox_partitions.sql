@@ -228,9 +228,9 @@ BEGIN
                 -- past the retention (it is never dropped).
                 EXECUTE default_blocked USING read_xmin, read_snapshot, retention INTO blocked;
             ELSE
-                -- A requeue may have made a parked row of a done partition pending again.
-                EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE state = ''pending'')', part.name)
-                INTO blocked;
+                -- The done check again, under the lock: a requeue may have made a parked row of a done
+                -- partition pending again.
+                EXECUTE format(unfinished, part.name) USING read_xmin, read_snapshot INTO blocked;
                 IF blocked THEN
                     UPDATE outbox_partition SET done_at = NULL WHERE name = part.name;
                 END IF;
