@@ -181,7 +181,10 @@ class Relay:
             raise FatalRelayError(self.publisher.fatal_error)
         if not full:
             # Inside the turn: the LISTEN session can be cut while we wait, like any other.
-            self._wait(self.settings.poll_interval)
+            again = self._log.look_again_in() if self._log is not None else None
+            self._wait(
+                self.settings.poll_interval if again is None else min(again, self.settings.poll_interval)
+            )
 
     def _lost(self, exc: BaseException) -> bool:
         """The relay goes on after losing its database, or while another replica holds its relay id."""
@@ -302,6 +305,8 @@ class Relay:
         self.publisher.close(self.settings.delivery_timeout)
         if self.leases is not None:
             try:
+                if self._log is not None and self._lease_conn is not None:
+                    self._log.write_deferred(self._lease_conn)
                 self.leases.release_all()
             except psycopg.Error as exc:  # the leases then simply expire; nothing is lost either way
                 log.warning("relay_release_failed", error=describe_error(exc))

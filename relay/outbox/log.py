@@ -87,3 +87,90 @@ def last_ids_by_shard(group: Sequence[Cursor], shards: int = 64) -> list[int]:
 def retried_shards(rows: Sequence[tuple[int, int]], outcomes: Sequence[RowOutcome]) -> set[int]:
     """The shards whose cursor a batch left before a row to retry."""
     return {shard for (_, shard), o in zip(rows, outcomes, strict=True) if o.state is RowState.PENDING}
+
+
+# An idle shard's cursor is written at most this often. Without this, every tick rewrote every idle
+# shard's cursor (64 rows, up to 100 ticks a second): while a long transaction anywhere held the
+# vacuum horizon, the dead versions piled up (110,000 in 30 s at 200 events/s) and every batch's lock
+# of its cursors read through them (the longtx benchmark's p99 rose by half).
+IDLE_CURSOR_WRITE_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    stored: Cursor  # the cursor as the database holds it
+    cursor: Cursor  # where it stands: past windows without a row of this shard since `stored`
+    since: float  # when it first went ahead of `stored` (monotonic seconds)
+
+
+class DeferredCursors:
+    """Cursor moves that pass only windows without a row of their shard, kept in memory until they are
+    IDLE_CURSOR_WRITE_SECONDS old, then written with the lane's next batch.
+
+    Safe to lose: a window without a row of the shard is such for good (both its snapshots are taken), so
+    a relay that crashed, or the next owner of the shard, reads those windows again and finds nothing: no
+    row is skipped and none is sent twice. A move is kept only from no open window to none: a cursor with
+    a window open in the database is always written, so the database never stands mid-window where this
+    relay does not. A kept move is used only while the database still holds the cursor it started from
+    (another relay moving the shard, a switch of modes or a rolled-back write make it stale)."""
+
+    def __init__(self, delay: float = IDLE_CURSOR_WRITE_SECONDS) -> None:
+        self._delay = delay
+        self._stored: dict[int, Cursor] = {}
+        self._ahead: dict[int, _Ahead] = {}
+
+    def load(self, stored: Sequence[Cursor]) -> list[Cursor]:
+        """The cursors as read from the database (locked by this batch), each replaced by where it stands
+        in memory if that is still ahead of the same stored cursor."""
+        current: list[Cursor] = []
+        for cursor in stored:
+            self._stored[cursor.shard] = cursor
+            ahead = self._ahead.get(cursor.shard)
+            if ahead is not None and ahead.stored != cursor:
+                del self._ahead[cursor.shard]
+                ahead = None
+            current.append(ahead.cursor if ahead is not None else cursor)
+        return current
+
+    def due(self, shards: Sequence[int], now: float) -> list[Cursor]:
+        """The kept moves of these shards that are old enough to be written."""
+        return [
+            ahead.cursor
+            for shard in shards
+            if (ahead := self._ahead.get(shard)) is not None and ahead.since + self._delay <= now
+        ]
+
+    def all_due(self) -> list[Cursor]:
+        """Every kept move, to be written now (a clean stop)."""
+        return [ahead.cursor for ahead in self._ahead.values()]
+
+    def keep(
+        self, moved: Sequence[Cursor], now: float, with_rows: set[int] | frozenset[int] = frozenset()
+    ) -> list[Cursor]:
+        """Keep the moves that can wait (no row of the shard in the step, no window open before or after);
+        return the ones to write now."""
+        to_write: list[Cursor] = []
+        for cursor in moved:
+            stored = self._stored.get(cursor.shard)
+            if (
+                stored is None
+                or cursor.shard in with_rows
+                or stored.window_to is not None
+                or cursor.window_to is not None
+            ):
+                to_write.append(cursor)
+                continue
+            ahead = self._ahead.get(cursor.shard)
+            if cursor == stored:
+                self._ahead.pop(cursor.shard, None)
+            else:
+                self._ahead[cursor.shard] = _Ahead(stored, cursor, ahead.since if ahead else now)
+        return to_write
+
+    def written(self, cursors: Sequence[Cursor], moved: set[int]) -> None:
+        """These cursors were written in the batch's transaction; `moved` are the shards whose write held
+        (the others were fenced: the database keeps what it had). Either way nothing is kept for them."""
+        for cursor in cursors:
+            self._ahead.pop(cursor.shard, None)
+            if cursor.shard in moved:
+                self._stored[cursor.shard] = cursor

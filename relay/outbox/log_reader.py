@@ -1,10 +1,11 @@
 """Log mode's reads and cursor writes (--mode log): the SQL side of relay.outbox.log.
 
-A batch: lock the lane's cursors (so a shard is in one open batch at a time), pick the group at the
-furthest-behind window, open a window to the newest tick if none is open (taking a tick when the newest
-is older than --tick-interval), read the next page of rows in id order, publish it, then move the
-cursors in the batch's transaction, fenced on the shard leases. A crash before that commit leaves the
-cursors where they were: the page is read and published again (duplicates, same message ids).
+A batch: lock the lane's cursors (so a shard is in one open batch at a time), take where they stand in
+memory when they only passed windows without their rows since (relay.outbox.log.DeferredCursors), pick
+the group at the furthest-behind window, open a window to the newest tick if none is open (taking a tick
+when the newest is older than --tick-interval), read the next page of rows in id order, publish it, then
+move the cursors in the batch's transaction, fenced on the shard leases. A crash before that commit
+leaves the cursors where they were: the page is read and published again (duplicates, same message ids).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from relay.core.db import advisory_key
 from relay.core.sql import query
 from relay.outbox.log import (
     Cursor,
+    DeferredCursors,
     after_batch,
     last_ids_by_shard,
     next_group,
@@ -73,11 +75,12 @@ def prune_ticks(conn: Connection) -> None:
     conn.execute(query(QUERIES, "log_prune_ticks"))
 
 
-def take_tick(conn: Connection, schema: str, min_age: float) -> None:
-    """A new tick, unless one younger than min_age exists. `conn` is in autocommit mode."""
+def take_tick(conn: Connection, schema: str, min_age: float) -> bool:
+    """A new tick, unless one younger than min_age exists (False). `conn` is in autocommit mode."""
     with conn.transaction():
         conn.execute(query(QUERIES, "log_tick_lock"), {"key": advisory_key("postbox.tick", schema)})
-        conn.execute(query(QUERIES, "log_take_tick"), {"min_age": timedelta(seconds=min_age)})
+        taken = conn.execute(query(QUERIES, "log_take_tick"), {"min_age": timedelta(seconds=min_age)})
+        return taken.fetchone() is not None
 
 
 def _latest_tick(conn: Connection) -> int | None:
@@ -97,6 +100,8 @@ class LogReader:
         # later rows again and again.
         self._failures: dict[int, int] = {}
         self._rest_until: dict[int, float] = {}
+        self._deferred = DeferredCursors()
+        self._look_again_at: float | None = None
 
     def read(
         self, conn: Connection, tick_conn: Connection, lane: list[int], params: dict[str, Any]
@@ -106,11 +111,10 @@ class LogReader:
         `params`: log_read's limit and byte budget."""
         found = conn.execute(query(QUERIES, "log_lock_cursors"), {"shards": lane}).fetchall()
         now = time.monotonic()
-        cursors = {
-            int(r[0]): Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:]))
-            for r in found
-            if self._rest_until.get(int(r[0]), 0.0) <= now
-        }
+        stored = [Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:])) for r in found]
+        current = self._deferred.load(stored)
+        self._write(conn, self._deferred.due([c.shard for c in stored], now))
+        cursors = {c.shard: c for c in current if self._rest_until.get(c.shard, 0.0) <= now}
         for _ in range(4):  # empty windows are passed at once; a few per batch keeps the batch short
             group = next_group(list(cursors.values()))
             if not group:
@@ -121,7 +125,7 @@ class LogReader:
                     return None  # at the newest tick: nothing committed since
                 group = opened
                 if group[0].window_to is None:  # an empty window: passed
-                    self._write(conn, group)
+                    self._write(conn, self._deferred.keep(group, now))
                     cursors.update((c.shard, c) for c in group)
                     continue
             snapshots = self._window(conn, group[0])
@@ -142,21 +146,39 @@ class LogReader:
             ).fetchall()
             if not rows:  # the window is read: its closing tick is where the group stands now
                 passed = [Cursor(c.shard, c.window_to) for c in group if c.window_to is not None]
-                self._write(conn, passed)
+                self._write(conn, self._deferred.keep(passed, now))
                 cursors.update((c.shard, c) for c in passed)
                 continue
             complete = int(rows[0][-1]) < params["limit"] and int(rows[0][-1]) == len(rows)
             return rows, LogPage(group, complete)
         return None
 
+    def write_deferred(self, conn: Connection) -> None:
+        """Write every cursor move kept in memory (on a clean stop, while the leases are still ours), so
+        that the database shows how far the log is read: `postbox relay status`, the cursor lag and a
+        switch back to queue mode go by it. `conn` is in autocommit mode."""
+        self._write(conn, self._deferred.all_due())
+
+    def look_again_in(self) -> float | None:
+        """Seconds until the relay should read again although nothing woke it, once after a read found no
+        new tick because the newest was younger than --tick-interval: a row whose NOTIFY woke that read
+        committed after the newest tick's snapshot, and would otherwise wait for the next wake-up (the
+        poll interval, when no other row commits)."""
+        if self._look_again_at is None:
+            return None
+        seconds, self._look_again_at = max(0.0, self._look_again_at - time.monotonic()), None
+        return seconds
+
     def _open(self, conn: Connection, tick_conn: Connection, group: list[Cursor]) -> list[Cursor] | None:
         """The group's window opened to the newest tick (taking one if due), or None if at it already."""
         tick = group[0].tick
         latest = _latest_tick(conn)
         if latest is None or latest <= tick:
-            take_tick(tick_conn, self._schema, self._tick_interval)
+            taken = take_tick(tick_conn, self._schema, self._tick_interval)
             latest = _latest_tick(conn)
             if latest is None or latest <= tick:
+                if not taken:
+                    self._look_again_at = time.monotonic() + self._tick_interval
                 return None
         snapshots = self._snapshots_of(conn, tick, latest)
         bounds = conn.execute(
@@ -210,7 +232,9 @@ class LogReader:
                     "errors": [o.error for o in parked],
                 },
             )
-        held = set(self._write(conn, after_batch(page.group, rows, outcomes, page.complete)))
+        moved = after_batch(page.group, rows, outcomes, page.complete)
+        with_rows = {shard for _, shard in rows}
+        held = set(self._write(conn, self._deferred.keep(moved, time.monotonic(), with_rows)))
         retried = retried_shards(rows, outcomes)
         for cursor in page.group:
             if cursor.shard in retried:
@@ -236,7 +260,9 @@ class LogReader:
                 "max_ids": [c.max_id for c in cursors],
             },
         ).fetchall()
-        return [int(r[0]) for r in moved]
+        shards = [int(r[0]) for r in moved]
+        self._deferred.written(cursors, set(shards))
+        return shards
 
 
 def _int_or_none(value: object) -> int | None:

@@ -278,10 +278,12 @@ SELECT tick FROM outbox_tick ORDER BY tick DESC LIMIT 1
 SELECT pg_advisory_xact_lock(%(key)s)
 
 -- name: log_take_tick
--- A new tick, unless one was taken less than min_age ago (many lanes and replicas ask at once).
+-- A new tick, unless one was taken less than min_age ago (many lanes and replicas ask at once). Only the
+-- newest tick is read (ticks are taken in order): deleted ticks' dead versions, which a long transaction
+-- anywhere keeps from vacuum, are not scanned.
 INSERT INTO outbox_tick (tick, snapshot)
 SELECT coalesce(max(tick), 0) + 1, pg_current_snapshot()
-FROM outbox_tick
+FROM (SELECT tick, taken_at FROM outbox_tick ORDER BY tick DESC LIMIT 1) AS newest
 HAVING coalesce(max(taken_at) <= clock_timestamp() - %(min_age)s::interval, true)
 RETURNING tick
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from relay.outbox.log import (
     Cursor,
+    DeferredCursors,
     after_batch,
     last_ids_by_shard,
     next_group,
@@ -79,3 +80,48 @@ def test_the_shards_left_before_a_row_to_retry_are_named_and_a_parked_row_names_
     rows = [(40, 1), (41, 2), (42, 3)]
     outcomes = [published(40), RowOutcome(41, RowState.PENDING, "x"), RowOutcome(42, RowState.FAILED, "y")]
     assert retried_shards(rows, outcomes) == {2}
+
+
+def test_an_idle_shards_moves_past_empty_windows_wait_in_memory_until_old_enough_then_are_written() -> None:
+    deferred = DeferredCursors(delay=1.0)
+    assert deferred.load([Cursor(1, 5), Cursor(2, 5)]) == [Cursor(1, 5), Cursor(2, 5)]
+    assert deferred.keep([Cursor(1, 9), Cursor(2, 9)], now=100.0) == [], "empty windows: nothing to write"
+    assert deferred.due([1, 2], now=100.5) == []
+    assert deferred.all_due() == [Cursor(1, 9), Cursor(2, 9)], "a clean stop writes them all"
+    # The next batch reads the same stored cursors and goes on from where they stand in memory.
+    assert deferred.load([Cursor(1, 5), Cursor(2, 5)]) == [Cursor(1, 9), Cursor(2, 9)]
+    assert deferred.keep([Cursor(1, 12)], now=100.8) == []
+    assert deferred.due([1, 2], now=101.0) == [Cursor(1, 12), Cursor(2, 9)], "a second after the first move"
+    deferred.written([Cursor(1, 12), Cursor(2, 9)], moved={1, 2})
+    assert deferred.due([1, 2], now=200.0) == []
+    assert deferred.load([Cursor(1, 12), Cursor(2, 9)]) == [Cursor(1, 12), Cursor(2, 9)]
+
+
+def test_a_shard_with_rows_or_a_window_open_before_or_after_is_written_at_once() -> None:
+    deferred = DeferredCursors(delay=1.0)
+    deferred.load([Cursor(1, 5), Cursor(2, 5), Cursor(3, 5, 9, 40, 90)])
+    moved = [Cursor(1, 9), Cursor(2, 5, 9, 44, 90), Cursor(3, 9)]
+    # 1 had a row in the step; 2 stays mid-window; 3 leaves a window the database has open.
+    assert deferred.keep(moved, now=0.0, with_rows={1}) == moved
+    assert deferred.keep([Cursor(7, 9)], now=0.0) == [Cursor(7, 9)], "a shard never loaded is written"
+
+
+def test_a_kept_move_is_dropped_when_the_database_no_longer_holds_the_cursor_it_started_from() -> None:
+    deferred = DeferredCursors(delay=1.0)
+    deferred.load([Cursor(1, 5)])
+    deferred.keep([Cursor(1, 9)], now=0.0)
+    # Another relay moved the shard on (or a switch of modes reset it): its cursor is taken as stored.
+    assert deferred.load([Cursor(1, 7, 11, 50, 60)]) == [Cursor(1, 7, 11, 50, 60)]
+    assert deferred.due([1], now=10.0) == []
+
+
+def test_a_fenced_write_keeps_the_stored_cursor_so_a_later_kept_move_is_checked_against_it() -> None:
+    deferred = DeferredCursors(delay=1.0)
+    deferred.load([Cursor(1, 5), Cursor(2, 5)])
+    deferred.written([Cursor(1, 9), Cursor(2, 9)], moved={1})  # shard 2's lease had lapsed
+    deferred.keep([Cursor(1, 12), Cursor(2, 12)], now=0.0)
+    # Shard 1's move started from the 9 written for it; shard 2's from the 5 the database kept.
+    assert deferred.load([Cursor(1, 9), Cursor(2, 5)]) == [Cursor(1, 12), Cursor(2, 12)]
+    # Had the batch that wrote shard 1's 9 rolled back, its kept move no longer applies.
+    deferred.keep([Cursor(1, 14)], now=0.0)
+    assert deferred.load([Cursor(1, 5)]) == [Cursor(1, 5)]
