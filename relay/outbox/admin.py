@@ -128,10 +128,9 @@ def switch_mode(
             ) from None
         conn.execute("SELECT set_config('lock_timeout', '0', true)")
         conn.execute(query(QUERIES, "log_switch_to_log" if mode == "log" else "log_switch_to_queue"))
-        take_tick(conn, schema, 0.0)
-        found = conn.execute(query(QUERIES, "log_latest_tick")).fetchone()
-        assert found is not None
-        tick = int(str(found[0]))
+        _, newest = take_tick(conn, schema, 0.0)
+        assert newest is not None
+        tick = newest
         if mode == "log":
             conn.execute(query(QUERIES, "log_start_cursors"), {"tick": tick})
         conn.execute(query(QUERIES, "log_record_switch"), {"mode": mode, "tick": tick})

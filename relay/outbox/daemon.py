@@ -506,11 +506,17 @@ class Relay:
         """The batch's rows: claimed pending rows, or in log mode when there are none the next page of the
         log. Which of a shard's rows are older, its pending or its logged ones, the SQL decides from the
         last switch of modes (migration 0006's outbox_mode), in the statement that reads them."""
-        claimed = conn.execute(query(QUERIES, "claim_batch"), params).fetchall()
-        if claimed or self._log is None:
-            return claimed, None
+        if self._log is None:
+            return conn.execute(query(QUERIES, "claim_batch"), params).fetchall(), None
+        # Log mode: the claim runs only when the lane has pending rows (rare: from before a switch, or
+        # requeued), which spares the common batch a statement.
+        locked = self._log.lock(conn, lane)
+        if locked.pending:
+            claimed = conn.execute(query(QUERIES, "claim_batch"), params).fetchall()
+            if claimed:
+                return claimed, None
         assert self._lease_conn is not None
-        read = self._log.read(conn, self._lease_conn, lane, params)
+        read = self._log.read(conn, self._lease_conn, locked, params)
         return (read[0], read[1]) if read is not None else ([], None)
 
     def _finish(self, batch: InFlight) -> None:

@@ -51,6 +51,15 @@ class Snapshots:
     prev_xmin: str
 
 
+@dataclass(frozen=True)
+class LockedLane:
+    """A lane's cursors as locked by its batch, with what the same statement read alongside."""
+
+    cursors: list[Cursor]  # as stored; shards held by another batch or waiting for pending rows left out
+    latest_tick: int | None
+    pending: bool  # some shard of the lane has pending rows (claimed before the log is read)
+
+
 @dataclass
 class LogPage:
     """A page of a window, read in the batch's transaction, for the mark step."""
@@ -75,17 +84,17 @@ def prune_ticks(conn: Connection) -> None:
     conn.execute(query(QUERIES, "log_prune_ticks"))
 
 
-def take_tick(conn: Connection, schema: str, min_age: float) -> bool:
-    """A new tick, unless one younger than min_age exists (False). `conn` is in autocommit mode."""
+def take_tick(conn: Connection, schema: str, min_age: float) -> tuple[bool, int | None]:
+    """A new tick, unless one younger than min_age exists: whether one was taken, and the newest tick
+    now. `conn` is in autocommit mode."""
     with conn.transaction():
         conn.execute(query(QUERIES, "log_tick_lock"), {"key": advisory_key("postbox.tick", schema)})
-        taken = conn.execute(query(QUERIES, "log_take_tick"), {"min_age": timedelta(seconds=min_age)})
-        return taken.fetchone() is not None
-
-
-def _latest_tick(conn: Connection) -> int | None:
-    found = conn.execute(query(QUERIES, "log_latest_tick")).fetchone()
-    return int(found[0]) if found else None
+        row = conn.execute(
+            query(QUERIES, "log_take_tick"), {"min_age": timedelta(seconds=min_age)}
+        ).fetchone()
+    assert row is not None
+    taken, newest = _int_or_none(row[0]), _int_or_none(row[1])
+    return taken is not None, taken if taken is not None else newest
 
 
 class LogReader:
@@ -103,24 +112,33 @@ class LogReader:
         self._deferred = DeferredCursors()
         self._look_again_at: float | None = None
 
+    def lock(self, conn: Connection, lane: list[int]) -> LockedLane:
+        """Lock the lane's cursors in the batch's transaction on `conn` (see log_lock_cursors)."""
+        found = conn.execute(query(QUERIES, "log_lock_cursors"), {"shards": lane}).fetchall()
+        if not found:
+            # No cursor to read (every shard waits for its pending rows, or another batch holds them):
+            # whether pending rows wait is not known, so the claim runs.
+            return LockedLane([], None, pending=True)
+        cursors = [Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:5])) for r in found]
+        return LockedLane(cursors, _int_or_none(found[0][5]), pending=bool(found[0][6]))
+
     def read(
-        self, conn: Connection, tick_conn: Connection, lane: list[int], params: dict[str, Any]
+        self, conn: Connection, tick_conn: Connection, locked: LockedLane, params: dict[str, Any]
     ) -> tuple[list[tuple[Any, ...]], LogPage] | None:
-        """The next page for the lane's shards, in the open transaction on `conn`, or None when every
+        """The next page for the locked cursors, in the open transaction on `conn`, or None when every
         window is read to the newest tick (cursors moved past empty windows are written, not committed).
         `params`: log_read's limit and byte budget."""
-        found = conn.execute(query(QUERIES, "log_lock_cursors"), {"shards": lane}).fetchall()
         now = time.monotonic()
-        stored = [Cursor(int(r[0]), int(r[1]), *map(_int_or_none, r[2:])) for r in found]
-        current = self._deferred.load(stored)
-        self._write(conn, self._deferred.due([c.shard for c in stored], now))
+        current = self._deferred.load(locked.cursors)
+        self._write(conn, self._deferred.due([c.shard for c in locked.cursors], now))
         cursors = {c.shard: c for c in current if self._rest_until.get(c.shard, 0.0) <= now}
+        latest = locked.latest_tick
         for _ in range(4):  # empty windows are passed at once; a few per batch keeps the batch short
             group = next_group(list(cursors.values()))
             if not group:
                 return None
             if group[0].window_to is None:
-                opened = self._open(conn, tick_conn, group)
+                opened, latest = self._open(conn, tick_conn, group, latest)
                 if opened is None:
                     return None  # at the newest tick: nothing committed since
                 group = opened
@@ -169,17 +187,18 @@ class LogReader:
         seconds, self._look_again_at = max(0.0, self._look_again_at - time.monotonic()), None
         return seconds
 
-    def _open(self, conn: Connection, tick_conn: Connection, group: list[Cursor]) -> list[Cursor] | None:
-        """The group's window opened to the newest tick (taking one if due), or None if at it already."""
+    def _open(
+        self, conn: Connection, tick_conn: Connection, group: list[Cursor], latest: int | None
+    ) -> tuple[list[Cursor] | None, int | None]:
+        """The group's window opened to the newest tick (taking one if the newest known, `latest`, is
+        where the group stands), or None if at the newest already; and the newest tick now known."""
         tick = group[0].tick
-        latest = _latest_tick(conn)
         if latest is None or latest <= tick:
-            taken = take_tick(tick_conn, self._schema, self._tick_interval)
-            latest = _latest_tick(conn)
+            taken, latest = take_tick(tick_conn, self._schema, self._tick_interval)
             if latest is None or latest <= tick:
                 if not taken:
                     self._look_again_at = time.monotonic() + self._tick_interval
-                return None
+                return None, latest
         snapshots = self._snapshots_of(conn, tick, latest)
         bounds = conn.execute(
             query(QUERIES, "log_window_bounds"),
@@ -192,7 +211,7 @@ class LogReader:
             },
         ).fetchone()
         assert bounds is not None
-        return open_window(group, latest, _int_or_none(bounds[0]), _int_or_none(bounds[1]))
+        return open_window(group, latest, _int_or_none(bounds[0]), _int_or_none(bounds[1])), latest
 
     def _window(self, conn: Connection, cursor: Cursor) -> Snapshots:
         assert cursor.window_to is not None

@@ -261,7 +261,11 @@ SELECT coalesce((SELECT mode = 'log' FROM outbox_mode), false)
 -- The cursors of the lane's shards that no other open batch holds (the row locks last to the end of the
 -- batch's transaction: a shard is in one open batch at a time). In log mode a shard with pending rows
 -- (older than its logged ones: from before the switch, or requeued) waits until they are claimed.
-SELECT c.shard, c.tick, c.window_to, c.last_id, c.max_id
+-- Alongside, on every row: the newest tick, and whether any shard of the lane has pending rows (the
+-- relay claims those first).
+SELECT c.shard, c.tick, c.window_to, c.last_id, c.max_id,
+       (SELECT t.tick FROM outbox_tick AS t ORDER BY t.tick DESC LIMIT 1),
+       EXISTS (SELECT FROM outbox AS o WHERE o.state = 'pending' AND o.shard = ANY (%(shards)s::integer[]))
 FROM outbox_cursor AS c
 WHERE c.shard = ANY (%(shards)s::integer[]) AND c.tick IS NOT NULL
   AND NOT (coalesce((SELECT m.mode FROM outbox_mode AS m), 'queue') = 'log'
@@ -269,23 +273,26 @@ WHERE c.shard = ANY (%(shards)s::integer[]) AND c.tick IS NOT NULL
 ORDER BY c.shard
 FOR UPDATE OF c SKIP LOCKED
 
--- name: log_latest_tick
-SELECT tick FROM outbox_tick ORDER BY tick DESC LIMIT 1
-
 -- name: log_tick_lock
 -- Ticks are taken one at a time, so a later tick always has a later snapshot. The snapshot is taken by
 -- the next statement (READ COMMITTED takes one per statement), after this lock is held.
 SELECT pg_advisory_xact_lock(%(key)s)
 
 -- name: log_take_tick
--- A new tick, unless one was taken less than min_age ago (many lanes and replicas ask at once). Only the
--- newest tick is read (ticks are taken in order): deleted ticks' dead versions, which a long transaction
--- anywhere keeps from vacuum, are not scanned.
-INSERT INTO outbox_tick (tick, snapshot)
-SELECT coalesce(max(tick), 0) + 1, pg_current_snapshot()
-FROM (SELECT tick, taken_at FROM outbox_tick ORDER BY tick DESC LIMIT 1) AS newest
-HAVING coalesce(max(taken_at) <= clock_timestamp() - %(min_age)s::interval, true)
-RETURNING tick
+-- A new tick, unless one was taken less than min_age ago (many lanes and replicas ask at once); returns
+-- the tick taken (NULL if none) and the newest one before it. Only the newest tick is read (ticks are
+-- taken in order): deleted ticks' dead versions, which a long transaction anywhere keeps from vacuum, are
+-- not scanned.
+WITH newest AS (
+    SELECT tick, taken_at FROM outbox_tick ORDER BY tick DESC LIMIT 1
+), taken AS (
+    INSERT INTO outbox_tick (tick, snapshot)
+    SELECT coalesce(max(tick), 0) + 1, pg_current_snapshot()
+    FROM newest
+    HAVING coalesce(max(taken_at) <= clock_timestamp() - %(min_age)s::interval, true)
+    RETURNING tick
+)
+SELECT (SELECT tick FROM taken), (SELECT tick FROM newest)
 
 -- name: log_snapshots
 -- A window's two snapshots, taken apart for log_window_bounds' index conditions.

@@ -270,7 +270,7 @@ def bench_log_read(s: Servers, rows: int, payload: str, batch: int) -> float:
         done = 0
         started = time.perf_counter()
         while done < rows:
-            read = reader.read(conn, ticks, list(range(64)), params)
+            read = reader.read(conn, ticks, reader.lock(conn, list(range(64))), params)
             if read is None:
                 conn.commit()
                 continue
