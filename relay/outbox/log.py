@@ -8,7 +8,7 @@ cursors stand at the same window, so that one query in id order serves them all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, replace
 
 from relay.outbox.outcome import RowOutcome, RowState
@@ -145,7 +145,7 @@ class DeferredCursors:
         return [ahead.cursor for ahead in self._ahead.values()]
 
     def keep(
-        self, moved: Sequence[Cursor], now: float, with_rows: set[int] | frozenset[int] = frozenset()
+        self, moved: Sequence[Cursor], now: float, with_rows: Set[int] = frozenset()
     ) -> list[Cursor]:
         """Keep the moves that can wait (no row of the shard in the step, no window open before or after);
         return the ones to write now."""
