@@ -144,9 +144,7 @@ class DeferredCursors:
         """Every kept move, to be written now (a clean stop)."""
         return [ahead.cursor for ahead in self._ahead.values()]
 
-    def keep(
-        self, moved: Sequence[Cursor], now: float, with_rows: Set[int] = frozenset()
-    ) -> list[Cursor]:
+    def keep(self, moved: Sequence[Cursor], now: float, with_rows: Set[int] = frozenset()) -> list[Cursor]:
         """Keep the moves that can wait (no row of the shard in the step, no window open before or after);
         return the ones to write now."""
         to_write: list[Cursor] = []
