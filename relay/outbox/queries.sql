@@ -205,11 +205,12 @@ UPDATE outbox_shard_lease SET owner = NULL, expires_at = NULL WHERE owner = %(re
 DELETE FROM outbox_relay_member WHERE relay_id = %(relay_id)s
 
 -- name: backlog
-SELECT count(*) FILTER (WHERE state = 'pending'),
-       coalesce(extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE state = 'pending')), 0),
-       count(*) FILTER (WHERE state = 'failed')
-FROM outbox
-WHERE state IN ('pending', 'failed')
+-- Pending rows (count, oldest) and parked ones. One subquery per state, each matching its partial index:
+-- with `state IN (...)` the planner read every row of a fresh partition (a parallel scan of 1,000,000
+-- logged rows took about 90 ms, on every lease tick of every relay).
+SELECT p.rows, coalesce(extract(epoch FROM clock_timestamp() - p.oldest), 0),
+       (SELECT count(*) FROM outbox WHERE state = 'failed')
+FROM (SELECT count(*) AS rows, min(created_at) AS oldest FROM outbox WHERE state = 'pending') AS p
 
 -- name: partitions
 -- The outbox's partitions by txid (migration 0007): those in use or ahead, and the finished ones waiting
@@ -304,21 +305,36 @@ WHERE p.tick = %(tick)s AND c.tick = %(window_to)s
 -- name: log_window_bounds
 -- The id range of a window's rows in some shards: rows whose transaction had finished at the later
 -- snapshot (cur) and not at the earlier one (prev), i.e. started at or after prev's xmax or in progress
--- at prev. Both halves walk outbox_log_idx on txid, so only the window's own rows are read; the pages
--- then walk the primary key over this range.
-SELECT min(id), max(id) FROM (
-    SELECT id FROM outbox
-    WHERE state = 'logged'
-      AND txid >= %(prev_xmax)s::xid8 AND txid < %(cur_xmax)s::xid8
-      AND pg_visible_in_snapshot(txid, %(cur)s::pg_snapshot)
-      AND shard = ANY (%(shards)s::integer[])
+-- at prev. Read per transaction on outbox_log_idx (txid, id), never row by row: the window's txids at or
+-- after prev's xmax by a skip scan (one index descent per transaction), prev's in-progress ones from the
+-- snapshot, then each finished one's lowest id in these shards from the start of its entries and, only
+-- where it has one, its highest from the end. The pages then walk the primary key over this range.
+WITH RECURSIVE txids AS (
+    (SELECT txid FROM outbox
+     WHERE state = 'logged' AND txid >= %(prev_xmax)s::xid8 AND txid < %(cur_xmax)s::xid8
+     ORDER BY txid LIMIT 1)
     UNION ALL
-    SELECT id FROM outbox
-    WHERE state = 'logged'
-      AND txid = ANY (%(prev_xip)s::text[]::xid8[])
-      AND pg_visible_in_snapshot(txid, %(cur)s::pg_snapshot)
-      AND shard = ANY (%(shards)s::integer[])
-) AS w
+    SELECT (SELECT o.txid FROM outbox AS o
+            WHERE o.state = 'logged' AND o.txid > t.txid AND o.txid < %(cur_xmax)s::xid8
+            ORDER BY o.txid LIMIT 1)
+    FROM txids AS t
+    WHERE t.txid IS NOT NULL
+), finished AS (
+    SELECT txid FROM txids WHERE txid IS NOT NULL
+    UNION
+    SELECT unnest(%(prev_xip)s::text[]::xid8[])
+), lows AS (
+    SELECT f.txid,
+           (SELECT min(o.id) FROM outbox AS o
+            WHERE o.state = 'logged' AND o.txid = f.txid AND o.shard = ANY (%(shards)s::integer[])) AS low
+    FROM finished AS f
+    WHERE pg_visible_in_snapshot(f.txid, %(cur)s::pg_snapshot)
+)
+SELECT min(l.low),
+       max((SELECT max(o.id) FROM outbox AS o
+            WHERE o.state = 'logged' AND o.txid = l.txid AND o.shard = ANY (%(shards)s::integer[])))
+FROM lows AS l
+WHERE l.low IS NOT NULL
 
 -- name: log_read
 -- The next page of a window in id order: rows with id past their shard's last_id, up to the window's

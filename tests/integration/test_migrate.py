@@ -104,7 +104,9 @@ def test_partitioning_an_existing_outbox_keeps_its_rows_ids_grants_and_wake_ups(
             )
             rows = conn.execute("SELECT id, event_id, state, txid FROM outbox ORDER BY id").fetchall()
 
-            assert [m.version for m in migrate(conn, schema)] == [7]
+            assert [m.version for m in migrate(conn, schema)] == [
+                m.version for m in load_migrations() if m.version >= 7
+            ]
             assert conn.execute("SELECT relkind FROM pg_class WHERE oid = 'outbox'::regclass").fetchone() == (
                 "p",
             )
