@@ -1,8 +1,9 @@
 """The relay loop: claim a batch, publish it, mark it, commit; again while batches come back full.
 
-The owned shards are dealt into lanes (--lanes, default 2), each with its own connection. A lane's batches
-run strictly one after another, but lanes overlap: while one lane's batch waits for Kafka's acks, the next
-lane claims and produces. A shard belongs to one lane, so no aggregate is ever in two open batches.
+The owned shards are dealt into lanes (--lanes, default 2), each with its own connection and, with more
+than one, its own thread. A lane's batches run strictly one after another, but lanes overlap: while one
+lane waits (for PostgreSQL's answer, for Kafka's acks), another reads its rows and hands its messages to
+the producer. A shard belongs to one lane, so no aggregate is ever in two open batches.
 
 What a crash at each step leaves behind:
 - before the claim commits nothing changed; after produce but before the mark commits, the rows are still
@@ -13,9 +14,11 @@ What a crash at each step leaves behind:
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +40,7 @@ from relay.outbox.log_reader import LogPage, LogReader, log_started, outbox_in_l
 from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from relay.outbox.publisher import Publisher, Sending
-from relay.outbox.routing import Message, OutboxRow, RoutingError, to_message, topic_for
+from relay.outbox.routing import Message, OutboxRow, RoutingError, TopicRoutes, to_message
 from relay.outbox.settings import RelaySettings
 from relay.outbox.shares import split_lanes
 
@@ -68,24 +71,51 @@ class RelayConfigurationError(RuntimeError):
 
 @dataclass
 class TopicGate:
-    """Topics known to be usable, and those held back by a configuration error with their row filter."""
+    """Topics known to be usable, and those held back by a configuration error with their row filter.
+
+    Lanes read and change it from their threads, and /readyz reads it from the ops server's: every change
+    and every walk over it holds the lock."""
 
     good: set[str] = field(default_factory=set)
     blocked: dict[str, str] = field(default_factory=dict)  # topic -> reason
     blocked_types: dict[str, set[str]] = field(default_factory=dict)  # topic -> aggregate types routed there
     next_recheck: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def block(self, topic: str, reason: str, aggregate_type: str | None) -> None:
-        if topic not in self.blocked:
-            log.error("relay_topic_blocked", topic=topic, reason=reason)
-        self.good.discard(topic)
-        self.blocked[topic] = reason
-        if aggregate_type is not None:
-            self.blocked_types.setdefault(topic, set()).add(aggregate_type)
+        with self._lock:
+            if topic not in self.blocked:
+                log.error("relay_topic_blocked", topic=topic, reason=reason)
+            self.good.discard(topic)
+            self.blocked[topic] = reason
+            if aggregate_type is not None:
+                self.blocked_types.setdefault(topic, set()).add(aggregate_type)
+
+    def unblock(self, topic: str) -> None:
+        with self._lock:
+            self.blocked.pop(topic, None)
+            self.blocked_types.pop(topic, None)
+
+    def known(self, topic: str) -> tuple[bool, Delivery | None]:
+        """(whether the topic is known, and then None when it is good, else why it is blocked)."""
+        with self._lock:
+            if topic in self.good:
+                return True, None
+            reason = self.blocked.get(topic)
+        return (False, None) if reason is None else (True, Delivery(Disposition.TOPIC_BLOCKED, reason))
+
+    def mark_good(self, topic: str) -> None:
+        with self._lock:
+            self.good.add(topic)
+
+    def reasons(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self.blocked)
 
     def claim_filter(self) -> dict[str, list[str]]:
-        types = sorted({t for types in self.blocked_types.values() for t in types})
-        return {"blocked_topics": sorted(self.blocked), "blocked_types": types}
+        with self._lock:
+            types = sorted({t for types in self.blocked_types.values() for t in types})
+            return {"blocked_topics": sorted(self.blocked), "blocked_types": types}
 
 
 @dataclass
@@ -128,6 +158,7 @@ class Relay:
             "relay", stall_limit=max(60.0, 2 * settings.delivery_timeout + 30), backoff=self._backoff
         )
         self._topics = TopicGate()
+        self._routes = TopicRoutes(settings.topic_template)
         self._lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
         self._next_prune = 0.0
         self.connected = False
@@ -140,8 +171,13 @@ class Relay:
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
         self._spans: PublishSpans | None = None
+        # The lease connection serves every lane: renewing while a batch waits, and log mode's ticks (a
+        # transaction of two statements, which another lane's statement must not join).
+        self._lease_lock = threading.Lock()
+        self._lane_pool: ThreadPoolExecutor | None = None  # with more than one lane: a thread per lane
+        self._lane_failed = threading.Event()  # a lane raised: the others finish their batch and stop
         self._log = (
-            LogReader(settings.schema, settings.relay_id, settings.tick_interval)
+            LogReader(settings.schema, settings.relay_id, settings.tick_interval, self._lease_lock)
             if settings.mode == "log"
             else None
         )
@@ -302,6 +338,9 @@ class Relay:
         self.leases = None
 
     def _shutdown(self) -> None:
+        if self._lane_pool is not None:
+            self._lane_pool.shutdown(wait=True)  # drain() returned: no lane has a batch in flight
+            self._lane_pool = None
         self.publisher.close(self.settings.delivery_timeout)
         if self.leases is not None:
             try:
@@ -337,8 +376,9 @@ class Relay:
             waited = time.monotonic() - since
             if waited >= self.settings.delivery_timeout:
                 yield f"Kafka unusable for {waited:.0f}s: {reason}"
-        if self._topics.blocked:
-            yield "blocked topics: " + ", ".join(f"{t} ({r})" for t, r in self._topics.blocked.items())
+        blocked = self._topics.reasons()
+        if blocked:
+            yield "blocked topics: " + ", ".join(f"{t} ({r})" for t, r in blocked.items())
         if self.leases is None or not self.leases.owned:
             yield "owns no shard yet"
 
@@ -364,13 +404,14 @@ class Relay:
 
     def drain(self) -> bool:
         """Run batches on every lane until the lanes come up empty or it is time to stop (a lease tick is
-        due, SIGTERM, a failing broker). Each time a batch is marked, every lane with nothing in flight
-        claims again at once, full or not: under steady traffic rows have committed while that batch
-        waited for its acks, and claiming them now, while another lane waits for its own acks, is what
-        keeps commit-to-ack short (waiting for every lane to finish first made each row wait out the
-        slowest lane's whole cycle). A lane has at most one batch in flight, so order holds per shard.
-        Every batch begun is finished before returning: leases change only with nothing in flight.
-        True when some lane's last batch was full (rows may be waiting)."""
+        due, SIGTERM, a failing broker). Each lane runs its batches one after another, each claimed as
+        soon as the one before is marked, full or not: under steady traffic rows committed while that
+        batch waited for its acks. With more than one lane, each runs in a thread of its own, so that one
+        lane's wait (for PostgreSQL, for Kafka's acks) is another's time to read rows and produce: in
+        one thread, every statement's wait stopped the whole relay (the log-mode drain spent about half
+        its time so). A lane has at most one batch in flight, so order holds per shard. Every batch
+        begun is finished before returning: leases change only with nothing in flight. True when some
+        lane's last batch was full (rows may be waiting)."""
         assert self.leases is not None
         lanes = list(
             zip(
@@ -379,39 +420,51 @@ class Relay:
                 strict=False,
             )
         )
-        idle = list(range(len(lanes)))  # lanes with no batch in flight
-        in_flight: deque[tuple[int, InFlight]] = deque()
-
-        def claim_on_idle_lanes() -> None:
-            for index in list(idle):
-                begun = self._begin(*lanes[index])
-                if begun is not None:
-                    idle.remove(index)
-                    in_flight.append((index, begun))
-
-        claim_on_idle_lanes()
-        more = False
-        while in_flight:
-            index, batch = in_flight.popleft()
-            self._finish(batch)
-            self.daemon.beat()
-            idle.insert(0, index)  # the lane just marked claims first: its shards had rows a moment ago
-            # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
-            full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
-            if self._may_begin():
-                claim_on_idle_lanes()
-            else:
-                more = more or full
+        self._lane_failed.clear()
+        if len(lanes) <= 1:
+            more = any(self._drain_lane(conn, lane) for conn, lane in lanes)
+        else:
+            if self._lane_pool is None:
+                self._lane_pool = ThreadPoolExecutor(len(self._batch_conns), thread_name_prefix="relay-lane")
+            more = _all_lanes([self._lane_pool.submit(self._drain_lane, conn, lane) for conn, lane in lanes])
         if self._failed_batches:
             # Nothing got through: the broker is struggling. Back off longer after each such batch.
             self.daemon.sleep(backoff_delay(self._failed_batches))
         return more
 
+    def _drain_lane(self, conn: Connection, lane: list[int]) -> bool:
+        """One lane's batches, one after another, until one finds nothing or no further batch may begin;
+        True when it stopped after a full batch."""
+        try:
+            while True:  # the first batch always: a turn after a failed batch is the retry after its backoff
+                batch = self._begin(conn, lane)
+                if batch is None:
+                    return False
+                self._finish(batch)
+                self.daemon.beat()
+                # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
+                full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
+                if not self._may_begin():
+                    return full
+        except BaseException:
+            self._lane_failed.set()
+            raise
+
     def _may_begin(self) -> bool:
         assert self.leases is not None
         return not (
-            self.daemon.stopping or self.leases.due() or self.publisher.fatal_error or self._failed_batches
+            self.daemon.stopping
+            or self.leases.due()
+            or self.publisher.fatal_error
+            or self._failed_batches
+            or self._lane_failed.is_set()
         )
+
+    def _keep_leases(self) -> None:
+        """Renew the leases while a batch waits (for acks, for a topic's metadata)."""
+        assert self.leases is not None
+        with self._lease_lock:
+            self.leases.renew_only()
 
     def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
         """Claim up to batch-size rows of the lane's shards (opening the batch's transaction) and hand
@@ -435,9 +488,8 @@ class Relay:
             # past empty windows.
             conn.commit()
             return None
-        rows = [OutboxRow(*r[:-1]) for r in result]
+        rows = [OutboxRow._make(r[:-1]) for r in result]
         claimed = int(result[0][-1])  # rows the claim took; more than len(rows) when cut at the byte budget
-        template = self.settings.topic_template
         deliveries: list[Delivery | None] = [None] * len(rows)
         topics: list[str] = []
         for index, row in enumerate(rows):
@@ -450,7 +502,7 @@ class Relay:
                 )
                 continue
             try:
-                topics.append(topic_for(row, template))
+                topics.append(self._routes.topic(row))
             except RoutingError as exc:
                 topics.append(UNROUTABLE)
                 deliveries[index] = Delivery(Disposition.PARK, str(exc))
@@ -469,7 +521,7 @@ class Relay:
                 deliveries[index] = HELD_IN_SHARD
                 continue
             if topic not in verdicts:
-                verdicts[topic] = self._check_topic(topic, self.leases.renew_only)
+                verdicts[topic] = self._check_topic(topic, self._keep_leases)
             gate = verdicts[topic]
             if gate is not None:
                 deliveries[index] = gate
@@ -524,7 +576,7 @@ class Relay:
         assert self.leases is not None
         deliveries = batch.deliveries
         if batch.sending is not None:
-            reports = batch.sending.wait(self.leases.renew_only)
+            reports = batch.sending.wait(self._keep_leases)
             for index, report in zip(batch.sent, reports, strict=True):
                 deliveries[index] = report
         acked_at = time.time()
@@ -542,7 +594,7 @@ class Relay:
                 self._topics.block(
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
-        self.metrics.blocked_topics.set(len(self._topics.blocked))
+        self.metrics.blocked_topics.set(len(self._topics.reasons()))
         if batch.log_page is not None:
             assert self._log is not None
             marked = self._log.finish(
@@ -562,24 +614,21 @@ class Relay:
         self._record(batch, outcome, marked, acked_at)
 
     def _check_topic(self, topic: str, while_waiting: Callable[[], None]) -> Delivery | None:
-        if topic in self._topics.good:
-            return None
-        if topic in self._topics.blocked:
-            return Delivery(Disposition.TOPIC_BLOCKED, self._topics.blocked[topic])
+        known, gate = self._topics.known(topic)
+        if known:
+            return gate
         verdict = self.publisher.check_topic(topic, while_waiting)
         if verdict is None:
-            self._topics.good.add(topic)
+            self._topics.mark_good(topic)
         return verdict
 
     def _recheck_blocked_topics(self) -> None:
         self._topics.next_recheck = time.monotonic() + self.settings.topic_recheck_interval
-        for topic in list(self._topics.blocked):
-            assert self.leases is not None
-            if self.publisher.check_topic(topic, self.leases.renew_only, patient=False) is None:
-                del self._topics.blocked[topic]
-                self._topics.blocked_types.pop(topic, None)
+        for topic in self._topics.reasons():
+            if self.publisher.check_topic(topic, self._keep_leases, patient=False) is None:
+                self._topics.unblock(topic)
                 log.info("relay_topic_unblocked", topic=topic)
-        self.metrics.blocked_topics.set(len(self._topics.blocked))
+        self.metrics.blocked_topics.set(len(self._topics.reasons()))
 
     def _record(self, batch: InFlight, outcome: BatchOutcome, marked: int, acked_at: float) -> None:
         committed_at = time.time()
@@ -697,3 +746,14 @@ class Relay:
             # Short slices keep SIGTERM handling prompt; one notification is enough to go and look.
             if any(True for _ in self._listen_conn.notifies(timeout=min(remaining, 0.5), stop_after=1)):
                 return
+
+
+def _all_lanes(lanes: list[Future[bool]]) -> bool:
+    """Wait for every lane's thread; True when some lane's last batch was full. A lane that raised makes
+    the others stop after their batch in flight (Relay._may_begin); its exception is raised here, in the
+    main loop, once they have (a lost database is then handled there, like any other)."""
+    wait(lanes)
+    failed = next((e for e in (lane.exception() for lane in lanes) if e is not None), None)
+    if failed is not None:
+        raise failed
+    return any(lane.result() for lane in lanes)

@@ -10,6 +10,7 @@ leaves the cursors where they were: the page is read and published again (duplic
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,10 +99,16 @@ def take_tick(conn: Connection, schema: str, min_age: float) -> tuple[bool, int 
 
 
 class LogReader:
-    def __init__(self, schema: str, relay_id: str, tick_interval: float) -> None:
+    def __init__(
+        self, schema: str, relay_id: str, tick_interval: float, tick_lock: threading.Lock | None = None
+    ) -> None:
+        """tick_lock: held while a tick is taken on the tick connection, which other threads (the relay's
+        other lanes, its lease renewals) use too; a tick is a transaction no other statement may join.
+        The lanes' threads share this reader, each on shards of its own."""
         self._schema = schema
         self._relay_id = relay_id
         self._tick_interval = tick_interval
+        self._tick_lock = tick_lock or threading.Lock()
         self._snapshots: dict[tuple[int, int], Snapshots] = {}  # ticks never change
         # A shard whose cursor stopped before a row to retry (a broker error, a topic held back) rests,
         # backing off per consecutive failure: it cannot pass that row, and reading it again at once
@@ -194,7 +201,8 @@ class LogReader:
         where the group stands), or None if at the newest already; and the newest tick now known."""
         tick = group[0].tick
         if latest is None or latest <= tick:
-            taken, latest = take_tick(tick_conn, self._schema, self._tick_interval)
+            with self._tick_lock:
+                taken, latest = take_tick(tick_conn, self._schema, self._tick_interval)
             if latest is None or latest <= tick:
                 if not taken:
                     self._look_again_at = time.monotonic() + self._tick_interval
@@ -219,7 +227,8 @@ class LogReader:
 
     def _snapshots_of(self, conn: Connection, tick: int, window_to: int) -> Snapshots:
         key = (tick, window_to)
-        if key not in self._snapshots:
+        known = self._snapshots.get(key)  # one lookup: another lane may clear the cache meanwhile
+        if known is None:
             found = conn.execute(
                 query(QUERIES, "log_snapshots"), {"tick": tick, "window_to": window_to}
             ).fetchone()
@@ -227,10 +236,10 @@ class LogReader:
                 raise RuntimeError(f"log mode: tick {tick} or {window_to} is gone (deleted by hand?)")
             if len(self._snapshots) > 256:
                 self._snapshots.clear()
-            self._snapshots[key] = Snapshots(
+            known = self._snapshots[key] = Snapshots(
                 str(found[0]), str(found[1]), list(found[2]), str(found[3]), str(found[4]), str(found[5])
             )
-        return self._snapshots[key]
+        return known
 
     def finish(
         self,

@@ -1,6 +1,13 @@
 import pytest
 
-from relay.outbox.routing import OutboxRow, RoutingError, to_message, topic_for, validate_topic_template
+from relay.outbox.routing import (
+    OutboxRow,
+    RoutingError,
+    TopicRoutes,
+    to_message,
+    topic_for,
+    validate_topic_template,
+)
 
 EVENT_ID = "12345678-1234-5678-1234-567812345678"
 
@@ -68,3 +75,28 @@ def test_the_event_type_header_is_sent_when_named_and_only_then() -> None:
 def test_an_empty_header_name_is_a_routing_error() -> None:
     with pytest.raises(RoutingError, match="empty"):
         to_message(row(headers={"": "x"}), "t")
+
+
+def test_remembered_routes_answer_as_topic_for_does_every_time() -> None:
+    template = "svc.{aggregate_type}.{event_type}"
+    routes = TopicRoutes(template, limit=3)
+    rows = [row(), row(topic="billing.special"), row(event_type=""), row(aggregate_type="a b"), row()]
+    for _ in range(2):  # the second round is answered from memory, past the limit too
+        for each in rows:
+            try:
+                expected: str | RoutingError = topic_for(each, template)
+            except RoutingError as exc:
+                expected = exc
+            if isinstance(expected, RoutingError):
+                with pytest.raises(RoutingError) as raised:
+                    routes.topic(each)
+                assert str(raised.value) == str(expected)
+            else:
+                assert routes.topic(each) == expected
+
+
+def test_remembered_routes_hold_at_most_their_limit() -> None:
+    routes = TopicRoutes("outbox.event.{aggregate_type}", limit=10)
+    for i in range(100):
+        assert routes.topic(row(aggregate_type=f"t{i}")) == f"outbox.event.t{i}"
+    assert len(routes._known) <= 10

@@ -2,7 +2,6 @@
 enqueue stores, and the relay's publish spans, with an in-memory span exporter in place of OTLP (the
 end-to-end trace over real servers and the real protocol is tests/integration/test_tracing.py)."""
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -212,7 +211,7 @@ def test_the_relay_sends_each_message_in_a_child_span_of_the_writer_and_passes_i
     tracer, exporter = exported
     writer = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     rows = [_row(1, {"traceparent": writer, "baggage": "tenant=acme"}), _row(2, None), _row(3, None)]
-    rows[1] = dataclasses.replace(rows[1], payload=None)  # a tombstone
+    rows[1] = rows[1]._replace(payload=None)  # a tombstone
     messages = [to_message(row, "outbox.event.order") for row in rows]
     spans = PublishSpans(tracer).start(rows, messages)
     acks = [Ack(4, 1234, 1_000_000_000), None, None]
