@@ -35,6 +35,7 @@ from relay.core.sql import query
 from relay.core.tracing import TRACING_OFF, Tracing
 from relay.outbox import admin
 from relay.outbox.errors import Disposition
+from relay.outbox.lane_turns import LaneTurns
 from relay.outbox.leases import LeaseKeeper
 from relay.outbox.log_reader import LogPage, LogReader, log_started, outbox_in_log_mode, prune_ticks
 from relay.outbox.metrics import RelayMetrics
@@ -421,34 +422,48 @@ class Relay:
             )
         )
         self._lane_failed.clear()
+        turns = LaneTurns(len(lanes))
         if len(lanes) <= 1:
-            more = any(self._drain_lane(conn, lane) for conn, lane in lanes)
+            more = any(self._drain_lane(index, conn, lane, turns) for index, (conn, lane) in enumerate(lanes))
         else:
             if self._lane_pool is None:
                 self._lane_pool = ThreadPoolExecutor(len(self._batch_conns), thread_name_prefix="relay-lane")
-            more = _all_lanes([self._lane_pool.submit(self._drain_lane, conn, lane) for conn, lane in lanes])
+            more = _all_lanes(
+                [
+                    self._lane_pool.submit(self._drain_lane, index, conn, lane, turns)
+                    for index, (conn, lane) in enumerate(lanes)
+                ]
+            )
         if self._failed_batches:
             # Nothing got through: the broker is struggling. Back off longer after each such batch.
             self.daemon.sleep(backoff_delay(self._failed_batches))
         return more
 
-    def _drain_lane(self, conn: Connection, lane: list[int]) -> bool:
-        """One lane's batches, one after another, until one finds nothing or no further batch may begin;
-        True when it stopped after a full batch."""
+    def _drain_lane(self, index: int, conn: Connection, lane: list[int], turns: LaneTurns) -> bool:
+        """One lane's batches, one after another, until no lane finds anything (see LaneTurns) or no
+        further batch may begin; True when it stopped after a full batch."""
+        full = False
         try:
-            while True:  # the first batch always: a turn after a failed batch is the retry after its backoff
+            first = True  # the first claim always: a turn after a failed batch is the retry after its backoff
+            while first or self._may_begin():
+                first = False
+                seen = turns.finished
                 batch = self._begin(conn, lane)
                 if batch is None:
+                    if turns.look_again(index, seen):
+                        continue
                     return False
                 self._finish(batch)
                 self.daemon.beat()
+                turns.batch_finished()
                 # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
                 full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
-                if not self._may_begin():
-                    return full
+            return full
         except BaseException:
             self._lane_failed.set()
             raise
+        finally:
+            turns.leave()
 
     def _may_begin(self) -> bool:
         assert self.leases is not None

@@ -134,7 +134,10 @@ class KafkaSending:
         deadline = time.monotonic() + self._delivery_timeout + 10
         next_tick = time.monotonic() + 1
         while self.pending > 0 and time.monotonic() < deadline:
-            self._producer.poll(0.05)  # serves every outstanding batch's reports, not only ours
+            # Serves every outstanding batch's reports, not only ours. Short: with lanes on threads, another
+            # lane's poll may take our last reports, and ours then returns only at its timeout (at 50 ms,
+            # log mode's p99 at 1,000 events/s went from about 41 to 78 ms).
+            self._producer.poll(0.005)
             if time.monotonic() >= next_tick:
                 while_waiting()
                 next_tick = time.monotonic() + 1

@@ -87,8 +87,8 @@ class RelaySettings(Settings):
     )
     lanes: int = setting(
         2,
-        "batches in flight at once, each on its own shards and database connection: while one waits for "
-        "Kafka's acks the next is claimed and produced (1 = one batch at a time)",
+        "batches in flight at once, each on its own shards, database connection and thread: while one waits "
+        "(for PostgreSQL, for Kafka's acks) another reads its rows and produces (1 = one batch at a time)",
         bounds=(1, 8),
     )
     poll_interval: float = setting(
