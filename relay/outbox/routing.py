@@ -84,16 +84,21 @@ def topic_for(row: OutboxRow, template: str) -> str:
 class TopicRoutes:
     """topic_for with the template fixed, remembered per (topic, aggregate_type, event_type): a batch
     mostly repeats a few of them, and formatting and checking the name again for every row cost about
-    1 us a row. Holds at most `limit` answers (then starts over), whatever a writer puts in the rows."""
+    1 us a row. Holds at most `limit` answers (then starts over), whatever a writer puts in the rows, and
+    only for fields of at most `key_chars` characters together: a writer's fields can be up to a message's
+    size each, and 4,096 remembered megabyte-long types would outgrow the relay's memory limit."""
 
-    def __init__(self, template: str, limit: int = 4096) -> None:
+    def __init__(self, template: str, limit: int = 4096, key_chars: int = 1024) -> None:
         self._template = template
         self._limit = limit
+        self._key_chars = key_chars
         self._known: dict[tuple[str | None, str, str], str | RoutingError] = {}
 
     def topic(self, row: OutboxRow) -> str:
         """topic_for(row, template): the topic, or RoutingError."""
         key = (row.topic, row.aggregate_type, row.event_type)
+        if len(row.topic or "") + len(row.aggregate_type) + len(row.event_type) > self._key_chars:
+            return topic_for(row, self._template)  # too long to keep (and no legal topic is this long)
         known = self._known.get(key)
         if known is None:
             try:

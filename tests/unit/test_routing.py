@@ -100,3 +100,11 @@ def test_remembered_routes_hold_at_most_their_limit() -> None:
     for i in range(100):
         assert routes.topic(row(aggregate_type=f"t{i}")) == f"outbox.event.t{i}"
     assert len(routes._known) <= 10
+
+
+def test_long_fields_are_routed_but_not_remembered() -> None:
+    routes = TopicRoutes("outbox.event.{aggregate_type}", key_chars=100)
+    with pytest.raises(RoutingError, match="not a legal Kafka topic name"):
+        routes.topic(row(aggregate_type="t" * 300))
+    assert routes.topic(row(event_type="E" * 200)) == "outbox.event.order"
+    assert routes._known == {}
