@@ -437,7 +437,9 @@ def describe(loaded: Loaded[Settings]) -> list[str]:
                 variable = item.env.replace("<NAME>", key.upper().replace(".", "_"))
                 lines.append(f"  {variable} = {shown}  ({source}: {key})")
             continue
-        if value in (None, "", ()):
+        if value is None and item.declaration.shown_default is not None:
+            shown = item.declaration.shown_default  # a default worked out later (by the mode, say)
+        elif value in (None, "", ()):
             shown = "(unset)"
         elif item.declaration.secret:
             shown = redact(item.env, str(value)) if "://" in str(value) else MASK

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ NOTIFY_CHANNEL = "postbox_outbox"
 # The topic label of a row whose topic is no legal name: a writer's arbitrary text is no metric label.
 UNROUTABLE = "(unroutable)"
 log = structlog.get_logger("postbox.relay")
+_ID, _AGGREGATE_ID, _SHARD = attrgetter("id"), attrgetter("aggregate_id"), attrgetter("shard")
 HELD_IN_SHARD = Delivery(Disposition.RETRY, "held back behind an earlier row of its shard (log mode)")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -202,7 +204,7 @@ class Relay:
             "relay_started",
             relay_id=self.settings.relay_id,
             schema=self.settings.schema,
-            batch_size=self.settings.batch_size,
+            batch_size=self.settings.rows_per_batch,
         )
         try:
             self.daemon.run(self._loop_turn, lost=self._lost, on_lost=self._on_lost)
@@ -457,7 +459,7 @@ class Relay:
                 self.daemon.beat()
                 turns.batch_finished()
                 # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
-                full = batch.claimed >= self.settings.batch_size or batch.claimed > len(batch.rows)
+                full = batch.claimed >= self.settings.rows_per_batch or batch.claimed > len(batch.rows)
             return full
         except BaseException:
             self._lane_failed.set()
@@ -490,7 +492,7 @@ class Relay:
         claim_params = {
             "shards": lane,
             "lock_space": self._lock_space,
-            "limit": self.settings.batch_size,
+            "limit": self.settings.rows_per_batch,
             "max_message_bytes": max_message,
             "max_batch_bytes": self.settings.max_batch_bytes,
             **self._topics.claim_filter(),
@@ -597,7 +599,8 @@ class Relay:
         acked_at = time.time()
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
-        outcome = decide([r.id for r in rows], [r.aggregate_id for r in rows], final)
+        ids = list(map(_ID, rows))  # map with an attrgetter: about half a list comprehension's cost
+        outcome = decide(ids, list(map(_AGGREGATE_ID, rows)), final)
         if batch.spans is not None and batch.sending is not None:
             assert self._spans is not None
             sent = batch.sent
@@ -612,9 +615,7 @@ class Relay:
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
         if batch.log_page is not None:
             assert self._log is not None
-            marked = self._log.finish(
-                batch.conn, batch.log_page, [(r.id, r.shard) for r in rows], outcome.rows
-            )
+            marked = self._log.finish(batch.conn, batch.log_page, ids, list(map(_SHARD, rows)), outcome)
         else:
             marked = batch.conn.execute(
                 query(QUERIES, "mark_batch_deleting" if self.settings.delete_on_publish else "mark_batch"),
@@ -652,18 +653,26 @@ class Relay:
         stages.labels("claim").observe(batch.claim_seconds)
         stages.labels("publish").observe(max(0.0, acked_at - batch.claimed_at))
         stages.labels("mark").observe(max(0.0, committed_at - acked_at))
-        published: Counter[str] = Counter()
-        # outcome.rows is in the order of batch.rows (decide keeps it).
-        for row, topic, row_outcome in zip(batch.rows, batch.topics, outcome.rows, strict=True):
-            if row_outcome.state is RowState.PUBLISHED:
-                published[topic] += 1
-                # Wall clock against the database's created_at: comparable while the clocks are in sync.
-                self.metrics.commit_to_ack.observe(max(0.0, acked_at - row.created_epoch))
-            elif row_outcome.state is RowState.FAILED:
-                self.metrics.failed.labels(topic).inc()
-                log.error(
-                    "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
-                )
+        # Wall clock against the database's created_at: comparable while the clocks are in sync.
+        if outcome.published == len(batch.rows):  # the usual batch: counted without a look at each row
+            published = Counter(batch.topics)
+            self.metrics.commit_to_ack.observe_many(
+                [max(0.0, acked_at - row.created_epoch) for row in batch.rows]
+            )
+        else:
+            published = Counter()
+            waited: list[float] = []
+            # outcome.rows is in the order of batch.rows (decide keeps it).
+            for row, topic, row_outcome in zip(batch.rows, batch.topics, outcome.rows, strict=True):
+                if row_outcome.state is RowState.PUBLISHED:
+                    published[topic] += 1
+                    waited.append(max(0.0, acked_at - row.created_epoch))
+                elif row_outcome.state is RowState.FAILED:
+                    self.metrics.failed.labels(topic).inc()
+                    log.error(
+                        "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
+                    )
+            self.metrics.commit_to_ack.observe_many(waited)
         for topic, count in published.items():
             self.metrics.published.labels(topic).inc(count)
         self.metrics.retried.inc(outcome.retried)

@@ -46,10 +46,22 @@ def open_window(
     return [replace(c, window_to=window_to, last_id=min_id - 1, max_id=max_id) for c in group]
 
 
+def first_retries(
+    ids: Sequence[int], shards: Sequence[int], outcomes: Sequence[RowOutcome]
+) -> dict[int, int]:
+    """Per shard with a row to retry, the id of its first such row (rows in id order, one outcome each).
+    A parked row is passed like a published one."""
+    first: dict[int, int] = {}
+    for row_id, shard, outcome in zip(ids, shards, outcomes, strict=True):
+        if outcome.state is RowState.PENDING and shard not in first:
+            first[shard] = row_id
+    return first
+
+
 def after_batch(
     group: Sequence[Cursor],
-    rows: Sequence[tuple[int, int]],  # (id, shard) of each row read, in id order
-    outcomes: Sequence[RowOutcome],  # one per row, same order
+    last_read: int | None,  # the highest id the page read (None: it read none)
+    first_retry: dict[int, int],  # first_retries of the page
     page_complete: bool,  # the page held every row of the window left (not cut by the limit or the bytes)
 ) -> list[Cursor]:
     """Where each cursor of the group stands once the batch commits.
@@ -57,11 +69,6 @@ def after_batch(
     A shard with a row to retry stays just before that row (the rows after it are read again: duplicates
     with the same message id, never a gap). Otherwise a shard moves to the last row read, or, when the
     page completed the window, past the window to its closing tick."""
-    first_retry: dict[int, int] = {}
-    for (row_id, shard), outcome in zip(rows, outcomes, strict=True):
-        if outcome.state is RowState.PENDING and shard not in first_retry:
-            first_retry[shard] = row_id
-    last_read = rows[-1][0] if rows else None
     moved: list[Cursor] = []
     for cursor in group:
         assert cursor.window_to is not None, "a batch reads an open window"
@@ -82,11 +89,6 @@ def last_ids_by_shard(group: Sequence[Cursor], shards: int = 64) -> list[int]:
     for cursor in group:
         floors[cursor.shard] = cursor.last_id or 0
     return floors
-
-
-def retried_shards(rows: Sequence[tuple[int, int]], outcomes: Sequence[RowOutcome]) -> set[int]:
-    """The shards whose cursor a batch left before a row to retry."""
-    return {shard for (_, shard), o in zip(rows, outcomes, strict=True) if o.state is RowState.PENDING}
 
 
 # An idle shard's cursor is written at most this often. Without this, every tick rewrote every idle

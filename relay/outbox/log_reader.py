@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,12 +28,12 @@ from relay.outbox.log import (
     Cursor,
     DeferredCursors,
     after_batch,
+    first_retries,
     last_ids_by_shard,
     next_group,
     open_window,
-    retried_shards,
 )
-from relay.outbox.outcome import RowOutcome, RowState
+from relay.outbox.outcome import BatchOutcome, RowState
 
 QUERIES = Path(__file__).with_name("queries.sql")
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -245,13 +246,15 @@ class LogReader:
         self,
         conn: Connection,
         page: LogPage,
-        rows: Sequence[tuple[int, int]],
-        outcomes: Sequence[RowOutcome],
+        ids: Sequence[int],
+        shards: Sequence[int],
+        outcome: BatchOutcome,
     ) -> int:
         """Park the rows that can never be published and move the group's cursors, in the batch's
-        transaction (not committed here). Returns the rows whose shard was still ours (fence)."""
-        parked = [o for o in outcomes if o.state is RowState.FAILED]
-        if parked:
+        transaction (not committed here). `ids` and `shards` are the page's rows', in id order, and
+        `outcome.rows` has one outcome each. Returns the rows whose shard was still ours (fence)."""
+        if outcome.failed:
+            parked = [o for o in outcome.rows if o.state is RowState.FAILED]
             conn.execute(
                 query(QUERIES, "log_park"),
                 {
@@ -260,18 +263,19 @@ class LogReader:
                     "errors": [o.error for o in parked],
                 },
             )
-        moved = after_batch(page.group, rows, outcomes, page.complete)
-        with_rows = {shard for _, shard in rows}
-        held = set(self._write(conn, self._deferred.keep(moved, time.monotonic(), with_rows)))
-        retried = retried_shards(rows, outcomes)
+        # Looked for only when some row is retried: the usual batch has none, and skips a pass per row.
+        first_retry = first_retries(ids, shards, outcome.rows) if outcome.retried else {}
+        moved = after_batch(page.group, ids[-1] if ids else None, first_retry, page.complete)
+        rows_per_shard = Counter(shards)
+        held = set(self._write(conn, self._deferred.keep(moved, time.monotonic(), rows_per_shard.keys())))
         for cursor in page.group:
-            if cursor.shard in retried:
+            if cursor.shard in first_retry:
                 failures = self._failures[cursor.shard] = self._failures.get(cursor.shard, 0) + 1
                 self._rest_until[cursor.shard] = time.monotonic() + backoff_delay(failures, cap=10.0)
             else:
                 self._failures.pop(cursor.shard, None)
                 self._rest_until.pop(cursor.shard, None)
-        return sum(1 for _, shard in rows if shard in held)
+        return sum(rows_per_shard[shard] for shard in held)
 
     def _write(self, conn: Connection, cursors: Sequence[Cursor]) -> list[int]:
         """Move these cursors (fenced); the shards whose cursor moved."""

@@ -2,7 +2,77 @@
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+# Fine around 50 ms, where a latency objective usually sits, so its p99 can be read off.
+COMMIT_TO_ACK_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
+
+
+class BatchHistogram(Collector):
+    """A histogram without labels that takes a batch's observations at once, exposed exactly as
+    prometheus_client's Histogram is (buckets, count, sum). Histogram.observe takes two locks per value,
+    which at one value per published event cost the drain about 2 us an event; this takes one per batch."""
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(float(b) for b in buckets)
+        if list(self._bounds) != sorted(set(self._bounds)):
+            raise ValueError(f"{name}: buckets must be distinct and ascending")
+        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        counts = [0] * len(self._counts)
+        total = 0.0
+        bounds = self._bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1  # the first bound >= value: le is inclusive
+            total += value
+        with self._lock:
+            self._counts = [a + b for a, b in zip(self._counts, counts, strict=True)]
+            self._sum += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(floatToGoString, self._bounds), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        family = HistogramMetricFamily(self._name, self._documentation)
+        family.add_metric([], buckets, total)
+        yield family
 
 
 class RelayMetrics:
@@ -53,31 +123,11 @@ class RelayMetrics:
         self.leases_lost = Counter(
             "postbox_relay_leases_lost_total", "Shard leases that expired while held", registry=registry
         )
-        self.commit_to_ack = Histogram(
+        self.commit_to_ack = BatchHistogram(
             "postbox_relay_commit_to_ack_seconds",
             "From the writing transaction (created_at) to the broker's acknowledgement",
-            registry=registry,
-            # Fine around 50 ms, where a latency objective usually sits, so its p99 can be read off.
-            buckets=(
-                0.005,
-                0.01,
-                0.02,
-                0.03,
-                0.04,
-                0.05,
-                0.075,
-                0.1,
-                0.15,
-                0.25,
-                0.5,
-                1,
-                2.5,
-                5,
-                10,
-                30,
-                60,
-                300,
-            ),
+            COMMIT_TO_ACK_BUCKETS,
+            registry,
         )
         self.backlog_rows = Gauge(
             "postbox_relay_backlog_rows", "Outbox rows waiting to be published", registry=registry

@@ -50,6 +50,10 @@ class BatchOutcome:
 
 def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequence[Delivery]) -> BatchOutcome:
     """Rows are in id order; `deliveries[i]` is the fate of row i's message."""
+    if len(row_ids) == len(deliveries) == len(aggregates) and all(d is DELIVERED for d in deliveries):
+        # The usual batch, every message delivered: nothing to hold back (about 1 us a row less).
+        done = [RowOutcome(row_id, RowState.PUBLISHED, None) for row_id in row_ids]
+        return BatchOutcome(done, len(done), 0, 0)
     outcomes: list[RowOutcome] = []
     held_back: set[str] = set()
     published = failed = retried = 0

@@ -120,14 +120,15 @@ def to_message(row: OutboxRow, topic: str, type_header: str | None = None) -> Me
     headers: list[tuple[str, str | bytes | None]] = [(ID_HEADER, row.event_id.encode())]
     if type_header:
         headers.append((type_header, row.event_type.encode()))
-    for name, value in row.headers.items() if row.headers else ():
-        if not name:  # before the next test: with no type header configured, type_header is "" too
-            raise RoutingError("a header name is empty (Kafka clients drop such headers)")
-        if name in (ID_HEADER, type_header):
-            continue  # the event id is authoritative; a user header must not forge it
-        if not isinstance(value, str):
-            raise RoutingError(f"header {name!r} is not a string")
-        headers.append((name, value.encode()))
+    if row.headers:  # most rows have none (None): no loop set up for them
+        for name, value in row.headers.items():
+            if not name:  # before the next test: with no type header configured, type_header is "" too
+                raise RoutingError("a header name is empty (Kafka clients drop such headers)")
+            if name in (ID_HEADER, type_header):
+                continue  # the event id is authoritative; a user header must not forge it
+            if not isinstance(value, str):
+                raise RoutingError(f"header {name!r} is not a string")
+            headers.append((name, value.encode()))
     if row.payload_bytes is not None:
         value_bytes: bytes | None = row.payload_bytes
     elif row.payload is not None:

@@ -16,6 +16,7 @@ from relay.core.settings import (
     Settings,
     SettingsError,
     duration,
+    integer,
     setting,
     shared_database_url,
     shared_kafka_bootstrap,
@@ -29,6 +30,11 @@ from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, validate_topic_template
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 DEFAULT_PARTITION_XIDS = 4_194_304
+# --batch-size's defaults, measured (tests/bench, 1M-row drains, 200 B, two runs each): log mode drained
+# 66,831/s at 1000 and 82,947/s at 4000 (2500: 81,200; 5000: 82,738; 10000: 76,617); queue mode 37,081/s
+# at 1000 and 32,534/s at 4000, with the whole machine's CPU up from 47 to 57 s.
+QUEUE_BATCH_ROWS = 1000
+LOG_BATCH_ROWS = 4000
 
 
 def _default_relay_id() -> str:
@@ -74,8 +80,14 @@ class RelaySettings(Settings):
         "ids in use and, with --prune-retention, empties finished partitions whole instead of deleting rows",
         bounds=(16, 1 << 31),
     )
-    batch_size: int = setting(
-        1000, "rows claimed per batch (per lane)", bounds=(1, 10_000), retired=("POSTBOX_BATCH_SIZE",)
+    batch_size: int | None = setting(
+        None,
+        "rows claimed per batch (per lane); log mode's larger default spreads a batch's fixed costs "
+        "(statements, the wait for acks) over more rows",
+        parse=integer,
+        bounds=(1, 10_000),
+        retired=("POSTBOX_BATCH_SIZE",),
+        shown_default="1000 (queue) / 4000 (log)",
     )
     max_batch_bytes: int = setting(
         # With two lanes in flight and the copies psycopg, Python and librdkafka each hold, 16 MiB keeps the
@@ -152,6 +164,13 @@ class RelaySettings(Settings):
     metrics_address: str = shared_metrics_address("0.0.0.0:9400")
 
     @property
+    def rows_per_batch(self) -> int:
+        """--batch-size, or the mode's default (see its help)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return QUEUE_BATCH_ROWS if self.mode == "queue" else LOG_BATCH_ROWS
+
+    @property
     def max_message_bytes(self) -> int:
         """The producer's message.max.bytes (librdkafka's default unless passed through): a row over it is
         parked by the claim without being loaded."""
@@ -191,7 +210,7 @@ class RelaySettings(Settings):
             "linger.ms": 5,
             "compression.type": "lz4",
             "message.timeout.ms": int(self.delivery_timeout * 1000),
-            "queue.buffering.max.messages": max(100_000, self.batch_size * self.lanes * 4),
+            "queue.buffering.max.messages": max(100_000, self.rows_per_batch * self.lanes * 4),
             "statistics.interval.ms": 15_000,  # feeds the queue-depth, round-trip and retry gauges
         }
         config.update(self.kafka_config)

@@ -72,7 +72,12 @@ from relay.outbox.admin import switch_mode
 from relay.outbox.daemon import QUERIES
 from relay.outbox.log_reader import LogReader
 from relay.outbox.outcome import RowOutcome, RowState
-from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES, RelaySettings
+from relay.outbox.settings import (
+    DEFAULT_MESSAGE_MAX_BYTES,
+    LOG_BATCH_ROWS,
+    QUEUE_BATCH_ROWS,
+    RelaySettings,
+)
 from tests.apps.noop import SCHEMA_SQL as NOOP_SCHEMA_SQL
 from tests.debezium import DebeziumConnect, debezium_version
 from tests.otlp import OtlpReceiver
@@ -1046,7 +1051,11 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=20.0)
-    parser.add_argument("--relay-batch-size", type=int, default=1000, help="the relays' --batch-size")
+    parser.add_argument(
+        "--relay-batch-size",
+        type=int,
+        help="the relays' --batch-size (default: theirs, which depends on the mode)",
+    )
     parser.add_argument("--no-debezium", action="store_true", help="leave the peer out")
     parser.add_argument(
         "--payload-sizes", type=int, nargs="+", default=[200, 1024], help="limits and drain payloads, bytes"
@@ -1074,18 +1083,19 @@ def main() -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    batch_shown = args.relay_batch_size or f"{QUEUE_BATCH_ROWS} (queue) / {LOG_BATCH_ROWS} (log)"
     try:
         say(
             f"setup: {os.cpu_count()} cores, Python {platform.python_version()}, PostgreSQL "
             f"{postgres.server_version()} (fsync on, wal_level=logical, max_connections 300, else defaults), "
             f"Kafka "
             f"{kafka_version()} (1 KRaft node, {PARTITIONS} partitions), librdkafka "
-            f"{confluent_kafka.libversion()[0]}; relay defaults: batch {args.relay_batch_size}, acks=all, "
+            f"{confluent_kafka.libversion()[0]}; relay defaults: batch {batch_shown}, acks=all, "
             f"idempotence, lz4, linger.ms 5, log level info; Debezium {debezium_version()} in Kafka Connect "
             f"{kafka_version()} standalone (pgoutput, outbox event router, heap -Xmx2G, producer lz4 + "
             f"linger.ms 5, otherwise Connect's defaults); backlog {args.rows:,} rows; {args.runs} runs each"
         )
-        relay_args = ("--batch-size", str(args.relay_batch_size))
+        relay_args = ("--batch-size", str(args.relay_batch_size)) if args.relay_batch_size else ()
         for size in args.payload_sizes:
             payload = payload_of(size)
             if parts & {"limits", "drain"}:
@@ -1098,14 +1108,16 @@ def main() -> int:
                     claims = repeat(
                         args.runs,
                         lambda p=payload, d=delete: bench_claim_mark(
-                            s, min(args.rows, 300_000), p, args.relay_batch_size, d
+                            s, min(args.rows, 300_000), p, args.relay_batch_size or QUEUE_BATCH_ROWS, d
                         ),
                     )
                     how = "delete" if delete else "update"
                     say(f"limit: claim+mark({how}) SQL rows/s, no Kafka {median_spread(claims)}")
                 reads = repeat(
                     args.runs,
-                    lambda p=payload: bench_log_read(s, min(args.rows, 300_000), p, args.relay_batch_size),
+                    lambda p=payload: bench_log_read(
+                        s, min(args.rows, 300_000), p, args.relay_batch_size or LOG_BATCH_ROWS
+                    ),
                 )
                 say(f"limit: log mode read SQL rows/s, no Kafka  {median_spread(reads)}")
                 produced = repeat(

@@ -102,7 +102,7 @@ def test_help_shows_each_commands_own_default_without_reading_the_environment() 
     assert work.returncode == 0, work.stderr
     assert "(env POSTBOX_WEBHOOK_BATCH_SIZE, default 20)" in work.stdout
     relay = _run("relay", "run", "--help", env=env)
-    assert "(env POSTBOX_RELAY_BATCH_SIZE, default 1000)" in relay.stdout
+    assert "(env POSTBOX_RELAY_BATCH_SIZE, default 1000 (queue) / 4000 (log))" in relay.stdout
     consume = _run("inbox", "consume", "--help", env=env)
     assert "(env POSTBOX_INBOX_BATCH_SIZE, default 500)" in consume.stdout
 

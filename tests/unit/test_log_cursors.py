@@ -6,10 +6,10 @@ from relay.outbox.log import (
     Cursor,
     DeferredCursors,
     after_batch,
+    first_retries,
     last_ids_by_shard,
     next_group,
     open_window,
-    retried_shards,
 )
 from relay.outbox.outcome import RowOutcome, RowState
 
@@ -39,16 +39,14 @@ def test_an_empty_window_is_passed_at_once_and_a_full_one_opens_just_below_its_f
 
 def test_a_complete_page_moves_every_cursor_past_the_window() -> None:
     group = [Cursor(1, 5, 9, 39, 90), Cursor(2, 5, 9, 39, 90)]
-    rows = [(40, 1), (41, 2)]
-    assert after_batch(group, rows, [published(40), published(41)], page_complete=True) == [
-        Cursor(1, 9),
-        Cursor(2, 9),
-    ]
+    first_retry = first_retries([40, 41], [1, 2], [published(40), published(41)])
+    assert first_retry == {}
+    assert after_batch(group, 41, first_retry, page_complete=True) == [Cursor(1, 9), Cursor(2, 9)]
 
 
 def test_a_cut_page_moves_every_cursor_of_the_group_to_the_last_row_read_even_one_without_rows() -> None:
     group = [Cursor(1, 5, 9, 39, 90), Cursor(2, 5, 9, 39, 90)]
-    moved = after_batch(group, [(40, 1), (44, 1)], [published(40), published(44)], page_complete=False)
+    moved = after_batch(group, 44, {}, page_complete=False)
     assert moved == [Cursor(1, 5, 9, 44, 90), Cursor(2, 5, 9, 44, 90)], "ids read in order cover shard 2 too"
 
 
@@ -61,13 +59,16 @@ def test_a_row_to_retry_keeps_its_shard_just_before_it_and_the_others_move_on() 
         RowOutcome(42, RowState.PENDING, "broker down"),
         RowOutcome(43, RowState.PENDING, "held back behind an earlier failed event"),
     ]
-    assert after_batch(group, rows, outcomes, page_complete=True) == [Cursor(1, 5, 9, 41, 90), Cursor(2, 9)]
+    first_retry = first_retries([r[0] for r in rows], [r[1] for r in rows], outcomes)
+    assert first_retry == {1: 42}
+    assert after_batch(group, 43, first_retry, page_complete=True) == [Cursor(1, 5, 9, 41, 90), Cursor(2, 9)]
 
 
 def test_a_parked_row_is_passed_like_a_published_one() -> None:
     group = [Cursor(1, 5, 9, 39, 90)]
     outcomes = [RowOutcome(40, RowState.FAILED, "message too large")]
-    assert after_batch(group, [(40, 1)], outcomes, page_complete=True) == [Cursor(1, 9)]
+    assert first_retries([40], [1], outcomes) == {}
+    assert after_batch(group, 40, {}, page_complete=True) == [Cursor(1, 9)]
 
 
 def test_the_per_shard_floors_are_indexed_by_shard() -> None:
@@ -79,7 +80,7 @@ def test_the_per_shard_floors_are_indexed_by_shard() -> None:
 def test_the_shards_left_before_a_row_to_retry_are_named_and_a_parked_row_names_none() -> None:
     rows = [(40, 1), (41, 2), (42, 3)]
     outcomes = [published(40), RowOutcome(41, RowState.PENDING, "x"), RowOutcome(42, RowState.FAILED, "y")]
-    assert retried_shards(rows, outcomes) == {2}
+    assert first_retries([r[0] for r in rows], [r[1] for r in rows], outcomes) == {2: 41}
 
 
 def test_an_idle_shards_moves_past_empty_windows_wait_in_memory_until_old_enough_then_are_written() -> None:

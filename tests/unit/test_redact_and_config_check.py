@@ -59,7 +59,7 @@ def test_config_check_prints_the_effective_settings_without_secrets() -> None:
     assert (
         "POSTBOX_DATABASE_URL = postgresql://app:********@db/x  (env POSTBOX_DATABASE_URL)" in result.stdout
     )
-    assert "POSTBOX_RELAY_BATCH_SIZE = 1000  (default)" in result.stdout
+    assert "POSTBOX_RELAY_BATCH_SIZE = 1000 (queue) / 4000 (log)  (default)" in result.stdout
     assert "inbox: not configured (--app (POSTBOX_INBOX_APP): required)" in result.stdout
 
 
