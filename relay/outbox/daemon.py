@@ -14,6 +14,7 @@ What a crash at each step leaves behind:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -678,10 +679,10 @@ class Relay:
         self.metrics.retried.inc(outcome.retried)
         self.metrics.batch_rows.observe(len(batch.rows))
         self.metrics.batch_seconds.observe(seconds)
-        if marked < len(outcome.rows):
+        if marked < len(batch.rows):
             # Our lease on some shard expired mid-batch: its rows stay pending for the new owner (duplicates).
-            self.metrics.fenced.inc(len(outcome.rows) - marked)
-            log.warning("relay_mark_fenced", unmarked=len(outcome.rows) - marked)
+            self.metrics.fenced.inc(len(batch.rows) - marked)
+            log.warning("relay_mark_fenced", unmarked=len(batch.rows) - marked)
             assert self.leases is not None
             self.leases.recheck_now()  # no further batch on the lost shards: drain() ends, _turn re-ticks
         if outcome.retried:
@@ -690,21 +691,22 @@ class Relay:
                 count=outcome.retried,
                 reason=next((o.error for o in outcome.rows if o.state is RowState.PENDING), None),
             )
-        log.debug(
-            "relay_batch_published",
-            rows=len(batch.rows),
-            published=outcome.published,
-            failed=outcome.failed,
-            retried=outcome.retried,
-            seconds=round(seconds, 4),
-            # Wall-clock stage times and the rows, for tests/bench's latency breakdown (debug only).
-            woke_at=batch.woke_at,
-            claim_started_at=batch.claimed_at - batch.claim_seconds,
-            claimed_at=batch.claimed_at,
-            acked_at=acked_at,
-            committed_at=committed_at,
-            row_ids=[row.id for row in batch.rows],
-        )
+        if log.is_enabled_for(logging.DEBUG):  # its arguments (a list of the batch's ids) cost even unlogged
+            log.debug(
+                "relay_batch_published",
+                rows=len(batch.rows),
+                published=outcome.published,
+                failed=outcome.failed,
+                retried=outcome.retried,
+                seconds=round(seconds, 4),
+                # Wall-clock stage times and the rows, for tests/bench's latency breakdown (debug only).
+                woke_at=batch.woke_at,
+                claim_started_at=batch.claimed_at - batch.claim_seconds,
+                claimed_at=batch.claimed_at,
+                acked_at=acked_at,
+                committed_at=committed_at,
+                row_ids=list(map(_ID, batch.rows)),
+            )
         # A batch where nothing got through (the broker is struggling) makes drain() back off.
         self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import NamedTuple
 
 from relay.outbox.errors import Disposition
@@ -42,18 +43,26 @@ class RowOutcome(NamedTuple):  # one per row on the hot path: cheaper to build t
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    rows: list[RowOutcome]
+    row_ids: Sequence[int]
     published: int
     failed: int
     retried: int
+    decided: list[RowOutcome] | None  # one per row; None when every row was published
+
+    @cached_property
+    def rows(self) -> list[RowOutcome]:
+        """One outcome per row, in the order of the rows. When every row was published they are built
+        only here, on first use: the usual batch in log mode, untraced, never asks (about 0.3 us a row)."""
+        if self.decided is not None:
+            return self.decided
+        return [RowOutcome(row_id, RowState.PUBLISHED, None) for row_id in self.row_ids]
 
 
 def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequence[Delivery]) -> BatchOutcome:
     """Rows are in id order; `deliveries[i]` is the fate of row i's message."""
     if len(row_ids) == len(deliveries) == len(aggregates) and all(d is DELIVERED for d in deliveries):
-        # The usual batch, every message delivered: nothing to hold back (about 1 us a row less).
-        done = [RowOutcome(row_id, RowState.PUBLISHED, None) for row_id in row_ids]
-        return BatchOutcome(done, len(done), 0, 0)
+        # The usual batch, every message delivered: nothing to hold back, and no outcome per row to build.
+        return BatchOutcome(row_ids, len(row_ids), 0, 0, None)
     outcomes: list[RowOutcome] = []
     held_back: set[str] = set()
     published = failed = retried = 0
@@ -72,4 +81,4 @@ def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequen
             )
             outcomes.append(RowOutcome(row_id, RowState.PENDING, reason))
             retried += 1
-    return BatchOutcome(outcomes, published, failed, retried)
+    return BatchOutcome(row_ids, published, failed, retried, outcomes)

@@ -71,7 +71,7 @@ from relay.outbox import enqueue
 from relay.outbox.admin import switch_mode
 from relay.outbox.daemon import QUERIES
 from relay.outbox.log_reader import LogReader
-from relay.outbox.outcome import RowOutcome, RowState
+from relay.outbox.outcome import DELIVERED, decide
 from relay.outbox.settings import (
     DEFAULT_MESSAGE_MAX_BYTES,
     LOG_BATCH_ROWS,
@@ -280,8 +280,8 @@ def bench_log_read(s: Servers, rows: int, payload: str, batch: int) -> float:
                 conn.commit()
                 continue
             page_rows, page = read
-            ids = [(int(r[0]), int(r[9])) for r in page_rows]
-            reader.finish(conn, page, ids, [RowOutcome(i, RowState.PUBLISHED, None) for i, _ in ids])
+            ids, shards = [int(r[0]) for r in page_rows], [int(r[9]) for r in page_rows]
+            reader.finish(conn, page, ids, shards, decide(ids, [""] * len(ids), [DELIVERED] * len(ids)))
             conn.commit()
             done += len(ids)
         return done / (time.perf_counter() - started)

@@ -1,5 +1,5 @@
 from relay.outbox.errors import Disposition
-from relay.outbox.outcome import Delivery, decide
+from relay.outbox.outcome import DELIVERED, Delivery, decide
 
 OK = Delivery(None)
 
@@ -35,3 +35,13 @@ def test_rows_of_a_blocked_topic_or_a_fatal_error_stay_pending_with_the_reason()
     outcome = decide([1, 2], ["a", "b"], [blocked, fatal])
     assert [(r.state, r.error) for r in outcome.rows] == [("pending", "unknown topic"), ("pending", "fenced")]
     assert outcome.retried == 2
+
+
+def test_a_batch_of_shared_delivered_reports_reads_as_the_one_by_one_decision() -> None:
+    # decide takes a shortcut when every report is the shared DELIVERED; it must read the same.
+    shortcut = decide([5, 6, 7], ["a", "a", "b"], [DELIVERED] * 3)
+    one_by_one = decide([5, 6, 7], ["a", "a", "b"], [OK] * 3)
+    assert shortcut.decided is None
+    assert one_by_one.decided is not None
+    assert shortcut.rows == one_by_one.rows
+    assert (shortcut.published, shortcut.failed, shortcut.retried) == (3, 0, 0)
