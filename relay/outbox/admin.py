@@ -128,7 +128,7 @@ def switch_mode(
             ) from None
         conn.execute("SELECT set_config('lock_timeout', '0', true)")
         conn.execute(query(QUERIES, "log_switch_to_log" if mode == "log" else "log_switch_to_queue"))
-        _, newest = take_tick(conn, schema, 0.0)
+        _, newest = take_tick(conn, schema, 0.0, wait=True)
         assert newest is not None
         tick = newest
         if mode == "log":

@@ -86,11 +86,19 @@ def prune_ticks(conn: Connection) -> None:
     conn.execute(query(QUERIES, "log_prune_ticks"))
 
 
-def take_tick(conn: Connection, schema: str, min_age: float) -> tuple[bool, int | None]:
+def take_tick(conn: Connection, schema: str, min_age: float, *, wait: bool) -> tuple[bool, int | None]:
     """A new tick, unless one younger than min_age exists: whether one was taken, and the newest tick
-    now. `conn` is in autocommit mode."""
+    now. `conn` is in autocommit mode. Without `wait`, none is taken while another session holds the tick
+    lock (see log_try_tick_lock): it is taking one, or it stopped mid-tick and is about to be fenced."""
+    key = {"key": advisory_key("postbox.tick", schema)}
     with conn.transaction():
-        conn.execute(query(QUERIES, "log_tick_lock"), {"key": advisory_key("postbox.tick", schema)})
+        if not wait:
+            locked = conn.execute(query(QUERIES, "log_try_tick_lock"), key).fetchone()
+            if not (locked and locked[0]):
+                found = conn.execute(query(QUERIES, "log_newest_tick")).fetchone()
+                return False, _int_or_none(found[0]) if found else None
+        else:
+            conn.execute(query(QUERIES, "log_tick_lock"), key)
         row = conn.execute(
             query(QUERIES, "log_take_tick"), {"min_age": timedelta(seconds=min_age)}
         ).fetchone()
@@ -203,7 +211,7 @@ class LogReader:
         tick = group[0].tick
         if latest is None or latest <= tick:
             with self._tick_lock:
-                taken, latest = take_tick(tick_conn, self._schema, self._tick_interval)
+                taken, latest = take_tick(tick_conn, self._schema, self._tick_interval, wait=False)
             if latest is None or latest <= tick:
                 if not taken:
                     self._look_again_at = time.monotonic() + self._tick_interval

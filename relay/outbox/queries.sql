@@ -279,6 +279,15 @@ FOR UPDATE OF c SKIP LOCKED
 -- the next statement (READ COMMITTED takes one per statement), after this lock is held.
 SELECT pg_advisory_xact_lock(%(key)s)
 
+-- name: log_try_tick_lock
+-- The relay's way to the same lock: it never waits for it. The holder may be a replica stopped between
+-- this lock and its commit (SIGSTOP, a VM pause); a lane waiting behind it would hold up the lease tick
+-- that ends the stopped replica's sessions, and so wait for the server's idle timeout.
+SELECT pg_try_advisory_xact_lock(%(key)s)
+
+-- name: log_newest_tick
+SELECT tick FROM outbox_tick ORDER BY tick DESC LIMIT 1
+
 -- name: log_take_tick
 -- A new tick, unless one was taken less than min_age ago (many lanes and replicas ask at once); returns
 -- the tick taken (NULL if none) and the newest one before it. Only the newest tick is read (ticks are

@@ -16,7 +16,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from relay.core.db import connect
+from relay.core.db import advisory_key, connect
 from relay.outbox import OutboxEvent, enqueue, enqueue_many
 from relay.outbox.admin import SwitchRefused, prune, requeue, switch_mode
 from tests.servers import Servers
@@ -131,6 +131,35 @@ def test_a_parked_row_is_requeued_with_its_event_id_and_published(
         assert relay.terminate() == 0
     records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=6)
     assert sorted(r.headers["id"].decode() for r in records) == sorted([*ids, big])
+
+
+@LOG
+def test_a_replica_stopped_while_taking_a_tick_is_fenced_and_holds_no_one_up(
+    servers: Servers, schema: str, db: Conn
+) -> None:
+    """A replica stopped between the tick lock and its commit (found by the paused-replica fault test)
+    holds the tick lock until its sessions end. A relay must not wait for that lock: a lane waiting there
+    held up the lease tick that ends the stopped replica's sessions, so nothing moved until the server's
+    idle timeout. Here a session named like a replica, heartbeating no more, holds the lock for good."""
+    aggregate_type = f"ticklock{uuid.uuid4().hex[:6]}"
+    ghost = f"ghost-{uuid.uuid4().hex[:6]}"
+    db.execute(
+        "INSERT INTO outbox_relay_member (relay_id, last_seen, backend_pid) "
+        "VALUES (%s, clock_timestamp(), 0)",
+        (ghost,),
+    )
+    holder = psycopg.connect(servers.database_url, application_name=f"postbox-relay {ghost}")
+    holder.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("postbox.tick", schema),))
+    try:
+        with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
+            ids = _write(servers.database_url, schema, _events(aggregate_type, 30))
+            wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 30}, 20)
+            records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=30)
+            assert relay.terminate() == 0
+    finally:
+        holder.close()
+    assert "relay_expired_member_fenced" in relay.log(), "the stopped replica's sessions were ended"
+    assert sorted(r.headers["id"].decode() for r in records) == sorted(ids)
 
 
 @LOG
