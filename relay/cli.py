@@ -10,12 +10,15 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay import __version__
 from relay.core.logging import LoggingSettings
-from relay.core.settings import DatabaseSettings, Settings, SettingsError, add_flags, load
+from relay.core.settings import Settings, SettingsError, add_flags, load
 from relay.devstack.settings import DemoSettings, StackChoice, StackSettings
+
+if TYPE_CHECKING:
+    from relay.outbox.settings import MigrateSettings
 
 Handler = Callable[[argparse.Namespace, Any, argparse.ArgumentParser], int]
 
@@ -42,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser, LoggingSettings, command=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    from relay.outbox.settings import MigrateSettings  # noqa: PLC0415
+
     migrate = commands.add_parser("migrate", help="create or upgrade the postbox tables in a schema")
-    add_flags(migrate, DatabaseSettings)
+    add_flags(migrate, MigrateSettings)
     migrate.set_defaults(handler=_cmd_migrate)
 
     dev = commands.add_parser("dev", help="a real local PostgreSQL and Kafka for trying postbox (no Docker)")
@@ -84,17 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_migrate(
-    args: argparse.Namespace, settings: DatabaseSettings, parser: argparse.ArgumentParser
-) -> int:
+def _cmd_migrate(args: argparse.Namespace, settings: MigrateSettings, parser: argparse.ArgumentParser) -> int:
     import psycopg  # noqa: PLC0415
 
-    from relay.core.migrate import migrate  # noqa: PLC0415
+    from relay.outbox.admin import migrate_schema  # noqa: PLC0415
 
     with psycopg.connect(settings.database_url) as conn:
-        applied = migrate(conn, settings.schema)
+        applied = migrate_schema(conn, settings.schema, settings.new_outbox_mode)
     names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (already up to date)"
     print(f"schema {settings.schema}: applied {names}")
+    if applied and applied[0].version == 1:
+        print(f"the new outbox is in {settings.new_outbox_mode} mode")
     return 0
 
 
@@ -103,8 +108,8 @@ def _cmd_dev_up(args: argparse.Namespace, settings: StackSettings, parser: argpa
 
     import psycopg  # noqa: PLC0415
 
-    from relay.core.migrate import migrate  # noqa: PLC0415
     from relay.devstack.stack import local_stack, read_state  # noqa: PLC0415
+    from relay.outbox.admin import migrate_schema  # noqa: PLC0415
 
     if read_state(settings.name) is not None:
         parser.error(f"a stack named {settings.name!r} is already running; give this one another --name")
@@ -114,7 +119,7 @@ def _cmd_dev_up(args: argparse.Namespace, settings: StackSettings, parser: argpa
     )
     with stack as (_, _, info):
         with psycopg.connect(info.database_url) as conn:
-            migrate(conn, settings.schema)
+            migrate_schema(conn, settings.schema, "log")  # as `postbox migrate` makes a new outbox
         print(f"PostgreSQL {info.postgres_version}  {info.database_url}")
         print(f"Kafka {info.kafka_version}      {info.kafka_bootstrap}")
         env_command = "postbox dev env" + ("" if settings.name == "default" else f" --name {settings.name}")

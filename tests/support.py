@@ -194,6 +194,15 @@ def prepare_outbox(database_url: str, schema: str, mode: str = "queue") -> None:
             switch_mode(conn, schema, "log")
 
 
+def followed_mode(relay: RelayProcess) -> str:
+    """The mode a relay started with --mode auto chose (its relay_mode_followed event)."""
+    import json  # noqa: PLC0415
+
+    events = [json.loads(line) for line in relay.log().splitlines() if "relay_mode_followed" in line]
+    assert len(events) == 1, f"one choice per run, found {len(events)}"
+    return str(events[0]["mode"])
+
+
 def outbox_states(database_url: str, schema: str) -> dict[str, int]:
     """Rows per state, in either mode: a logged row (log mode) counts as published once its shard's cursor
     has passed it (visible in the snapshot of the cursor's tick, or at or below last_id in the window the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -84,9 +85,16 @@ def applied_versions(conn: psycopg.Connection[tuple[object, ...]], schema: str) 
 
 
 def migrate(
-    conn: psycopg.Connection[tuple[object, ...]], schema: str, migrations: list[Migration] | None = None
+    conn: psycopg.Connection[tuple[object, ...]],
+    schema: str,
+    migrations: list[Migration] | None = None,
+    *,
+    on_create: Callable[[psycopg.Connection[tuple[object, ...]]], object] | None = None,
 ) -> list[Migration]:
-    """Bring `schema` up to date; returns the migrations this call applied (empty when already current)."""
+    """Bring `schema` up to date; returns the migrations this call applied (empty when already current).
+    `on_create` runs when this call applied the first migration (it created the tables), after the last,
+    in the same transaction and with the schema on the search path: a new schema's first settings are
+    committed with its tables or not at all, and no other session ever sees it without them."""
     migrations = load_migrations() if migrations is None else migrations
     schema_id = sql.Identifier(schema)
     with conn.transaction():
@@ -116,4 +124,6 @@ def migrate(
                 ),
                 (migration.version, migration.name, migration.checksum),
             )
+        if on_create is not None and pending and pending[0].version == migrations[0].version:
+            on_create(conn)
     return pending

@@ -23,10 +23,10 @@ import psycopg
 from confluent_kafka import Consumer
 
 from relay.core.db import DEFAULT_SCHEMA
-from relay.core.migrate import migrate
 from relay.devstack.ports import free_port
 from relay.devstack.stack import StackInfo, local_stack
 from relay.outbox import enqueue
+from relay.outbox.admin import migrate_schema
 
 TOPIC = "outbox.event.order"
 AGGREGATES = 7  # a few orders, updated again and again, so per-key order is visible on the topic
@@ -134,7 +134,7 @@ def run_demo(duration: float, rate: float, schema: str = DEFAULT_SCHEMA) -> int:
     )
     with local_stack(publish_state=True, name="demo") as (_, _, info):
         with psycopg.connect(info.database_url, autocommit=True) as conn:
-            migrate(conn, schema)
+            migrate_schema(conn, schema, "log")  # as `postbox migrate` makes a new outbox
             conn.execute("CREATE TABLE demo_orders (id text PRIMARY KEY, total bigint)")
             conn.execute(
                 "CREATE TABLE order_projection (order_id text PRIMARY KEY, total numeric, "

@@ -1,4 +1,5 @@
-"""Operator actions on the outbox: status, requeue of parked rows, pruning. Shared by the CLI and daemon."""
+"""Operator actions on the outbox: migrating, status, requeue of parked rows, switching modes, pruning.
+Shared by the CLI and daemon."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import psycopg
 
 from relay.core.batched import delete_in_batches
+from relay.core.migrate import Migration, migrate
 from relay.core.sql import query
 from relay.outbox.log_reader import take_tick
 
@@ -135,6 +137,22 @@ def switch_mode(
             conn.execute(query(QUERIES, "log_start_cursors"), {"tick": tick})
         conn.execute(query(QUERIES, "log_record_switch"), {"mode": mode, "tick": tick})
         return tick
+
+
+def migrate_schema(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, new_outbox_mode: str
+) -> list[Migration]:
+    """`postbox migrate`: create or upgrade `schema`'s tables. An outbox this call creates starts in
+    `new_outbox_mode`; log mode is switched on in the creating transaction, so no relay (and no writer)
+    ever sees the new outbox in queue mode. An outbox that exists keeps its mode: switching one needs
+    its relays stopped (switch_mode)."""
+    if new_outbox_mode not in ("log", "queue"):
+        raise ValueError(f"new_outbox_mode must be log or queue, not {new_outbox_mode!r}")
+
+    def start_in_log_mode(created: psycopg.Connection[tuple[object, ...]]) -> None:
+        switch_mode(created, schema, "log")
+
+    return migrate(conn, schema, on_create=start_in_log_mode if new_outbox_mode == "log" else None)
 
 
 def prune(

@@ -158,11 +158,15 @@ def _cmd_switch_mode(args: argparse.Namespace, settings: Any, parser: argparse.A
             print(f"not switched: {exc}")
             return 1
     if args.mode == "log":
-        print(f"the outbox is in log mode from tick {tick}: start the relays with --mode log")
+        print(
+            f"the outbox is in log mode from tick {tick}: start the relays (in --mode auto, the default, "
+            "they follow it; a relay pinned with --mode queue refuses)"
+        )
     else:
         print(
-            f"the outbox is in queue mode from tick {tick}: start the relays with --mode log still; once "
-            "`postbox relay status` no longer shows the log unread to the switch, run them with --mode queue"
+            f"the outbox is in queue mode from tick {tick}: start the relays; in --mode auto (the default) "
+            "they read the rest of the log in log mode, and start in queue mode once `postbox relay status` "
+            "no longer shows it unread to the switch (pinned ones: --mode log until then, then --mode queue)"
         )
     return 0
 

@@ -44,7 +44,7 @@ from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from relay.outbox.publisher import Publisher, Sending
 from relay.outbox.routing import Message, OutboxRow, RoutingError, TopicRoutes, to_message
-from relay.outbox.settings import RelaySettings
+from relay.outbox.settings import RelaySettings, mode_to_follow
 from relay.outbox.shares import split_lanes
 
 if TYPE_CHECKING:
@@ -185,6 +185,7 @@ class Relay:
             if settings.mode == "log"
             else None
         )
+        self._follows = False  # --mode auto, resolved to the outbox's mode by the first connect
         if tracing.tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
             from relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
@@ -205,7 +206,9 @@ class Relay:
             "relay_started",
             relay_id=self.settings.relay_id,
             schema=self.settings.schema,
-            batch_size=self.settings.rows_per_batch,
+            mode=self.settings.mode,
+            # With --mode auto and no --batch-size: logged by relay_mode_followed once the mode is known.
+            batch_size=None if self.settings.mode == "auto" else self.settings.rows_per_batch,
         )
         try:
             self.daemon.run(self._loop_turn, lost=self._lost, on_lost=self._on_lost)
@@ -278,24 +281,44 @@ class Relay:
         log.info("relay_connected")
 
     def _check_mode(self, conn: Connection) -> None:
-        """Refuse a mode that would leave rows unread: a queue relay on a log-mode outbox never reads the
-        log, and a log relay on an outbox never switched has no cursors."""
+        """Follow the outbox's mode (--mode auto, on the first connect), then refuse a mode that would
+        leave rows unread: a queue relay on a log-mode outbox never reads the log, and a log relay on an
+        outbox never switched has no cursors. A relay that followed the outbox keeps its mode on later
+        connects: one switched meanwhile (a switch waits for the relays to stop, so only while this one
+        was cut off) stops it with exit 2, and it follows the new mode when started again."""
         in_log_mode = outbox_in_log_mode(conn)
+        started = log_started(conn)
+        behind = admin.log_progress(conn).shards_behind_switch if started else 0
+        if self.settings.mode == "auto":
+            self._follow(mode_to_follow(in_log_mode, behind))
+        restart = (
+            " (--mode auto follows the outbox when the relay starts: restart it)" if self._follows else ""
+        )
         if in_log_mode and self._log is None:
             raise RelayConfigurationError(
-                "the outbox is in log mode: run the relay with --mode log (POSTBOX_RELAY_MODE=log), or "
-                "switch the outbox back first (postbox relay switch-mode queue)"
+                "the outbox is in log mode: run the relay with --mode log or auto (POSTBOX_RELAY_MODE), or "
+                "switch the outbox back first (postbox relay switch-mode queue)" + restart
             )
-        if self._log is not None and not in_log_mode and not log_started(conn):
+        if self._log is not None and not in_log_mode and not started:
             raise RelayConfigurationError(
                 "--mode log: the outbox is in queue mode; switch it first (postbox relay switch-mode log)"
             )
-        behind = admin.log_progress(conn).shards_behind_switch if log_started(conn) else 0
         if self._log is None and behind:
             raise RelayConfigurationError(
                 f"the outbox was switched back to queue mode, but the log of {behind} shards is not read "
-                "to the switch yet: run the relays with --mode log until `postbox relay status` shows it read"
+                "to the switch yet: run the relays with --mode log or auto until `postbox relay status` "
+                "shows it read" + restart
             )
+
+    def _follow(self, mode: str) -> None:
+        """Run in `mode` from now on: --mode auto, resolved once, before the first batch."""
+        self.settings = self.settings.following(mode)
+        self._follows = True
+        if mode == "log":
+            self._log = LogReader(
+                self.settings.schema, self.settings.relay_id, self.settings.tick_interval, self._lease_lock
+            )
+        log.info("relay_mode_followed", mode=mode, batch_size=self.settings.rows_per_batch)
 
     def _lock_relay_id(self, conn: Connection) -> None:
         """Hold the relay id's session lock on the lease connection, or raise RelayIdInUse."""

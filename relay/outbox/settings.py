@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import ClassVar
 
@@ -37,6 +37,13 @@ QUEUE_BATCH_ROWS = 1000
 LOG_BATCH_ROWS = 4000
 
 
+def mode_to_follow(outbox_in_log_mode: bool, shards_behind_switch: int) -> str:
+    """--mode auto's choice: log while the outbox is in log mode, and after a switch back to queue mode
+    until every shard's log is read to the switch (a queue relay cannot read it, and refuses to start);
+    queue otherwise."""
+    return "log" if outbox_in_log_mode or shards_behind_switch else "queue"
+
+
 def _default_relay_id() -> str:
     return f"{socket.gethostname()[:40]}-{os.getpid()}"
 
@@ -62,11 +69,12 @@ class RelaySettings(Settings):
         shown_default="hostname-pid",
     )
     mode: str = setting(
-        "queue",
-        "queue: claim each row and mark it published; log: read the outbox as an append-only log in commit "
-        "order, a cursor per shard and no write per row (the outbox must be switched first: "
-        "`postbox relay switch-mode log`)",
-        choices=("queue", "log"),
+        "auto",
+        "auto: the outbox's own mode, read at start (log once it is switched to log mode with `postbox relay "
+        "switch-mode log`, and after a switch back until its log is read; queue otherwise); queue: claim "
+        "each row and mark it published; log: read the outbox as an append-only log in commit order, a "
+        "cursor per shard and no write per row",
+        choices=("auto", "queue", "log"),
     )
     tick_interval: float = setting(
         0.01,
@@ -163,12 +171,18 @@ class RelaySettings(Settings):
     )
     metrics_address: str = shared_metrics_address("0.0.0.0:9400")
 
+    def following(self, outbox_mode: str) -> RelaySettings:
+        """These settings as the relay runs them on an outbox that needs `outbox_mode` (mode_to_follow):
+        `auto` becomes that mode; an explicit --mode stays."""
+        return replace(self, mode=outbox_mode) if self.mode == "auto" else self
+
     @property
     def rows_per_batch(self) -> int:
-        """--batch-size, or the mode's default (see its help)."""
+        """--batch-size, or the mode's default (see its help); `auto` is resolved (following) before any
+        batch."""
         if self.batch_size is not None:
             return self.batch_size
-        return QUEUE_BATCH_ROWS if self.mode == "queue" else LOG_BATCH_ROWS
+        return LOG_BATCH_ROWS if self.mode == "log" else QUEUE_BATCH_ROWS
 
     @property
     def max_message_bytes(self) -> int:
@@ -210,7 +224,10 @@ class RelaySettings(Settings):
             "linger.ms": 5,
             "compression.type": "lz4",
             "message.timeout.ms": int(self.delivery_timeout * 1000),
-            "queue.buffering.max.messages": max(100_000, self.rows_per_batch * self.lanes * 4),
+            # Built before `auto` is resolved: room for the larger default either way.
+            "queue.buffering.max.messages": max(
+                100_000, (self.batch_size or max(QUEUE_BATCH_ROWS, LOG_BATCH_ROWS)) * self.lanes * 4
+            ),
             "statistics.interval.ms": 15_000,  # feeds the queue-depth, round-trip and retry gauges
         }
         config.update(self.kafka_config)
@@ -237,4 +254,18 @@ class PruneSettings(DatabaseSettings):
         env="POSTBOX_RELAY_PRUNE_BATCH_SIZE",
         bounds=(1, 100_000),
         renamed=(Renamed("POSTBOX_PRUNE_BATCH_SIZE"),),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrateSettings(DatabaseSettings):
+    """`postbox migrate`."""
+
+    PREFIX: ClassVar[str] = "POSTBOX_MIGRATE_"
+
+    new_outbox_mode: str = setting(
+        "log",
+        "the mode an outbox this run creates starts in (log: the faster, read as an append-only log; queue: "
+        "each row claimed and marked); an existing outbox keeps its mode (`postbox relay switch-mode`)",
+        choices=("log", "queue"),
     )

@@ -24,12 +24,12 @@ from prometheus_client import CollectorRegistry
 from inbox.metrics import InboxMetrics
 from inbox.webhooks.receiver import ReceiverMetrics
 from inbox.webhooks.worker import WorkerMetrics
-from relay.core.migrate import migrate
 from relay.devstack.ports import free_port
 from relay.outbox import enqueue
+from relay.outbox.admin import migrate_schema
 from relay.outbox.metrics import RelayMetrics
 from tests.servers import Servers
-from tests.support import REPO, RelayProcess, outbox_states, wait_until
+from tests.support import REPO, RelayProcess, followed_mode, outbox_states, wait_until
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
 BUILT_IN = {
@@ -194,7 +194,7 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
     )
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
-        migrate(conn, "postbox")
+        migrate_schema(conn, "postbox", "log")  # a new outbox, as `postbox migrate` makes it: log mode
     passwords = [arg for role in ROLES for arg in ("-v", f"{role}_password='pw-{role}'")]
     run_roles = [tool("psql"), own_postgres.dsn, "-q", "-v", "schema=postbox", *passwords]
     run_roles += ["-f", str(REPO / "deploy/sql/roles.sql")]
@@ -267,6 +267,7 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
             what="published by the least-privilege relay",
         )
         assert relay.terminate() == 0
+    assert followed_mode(relay) == "log", "the outbox's mode, read as the relay's role"
     # It kept the outbox's partitions ahead through the function it may execute, which runs as the
     # migrator; it cannot empty or drop a partition itself, and a writer cannot call that function.
     with psycopg.connect(own_postgres.dsn) as admin:

@@ -18,9 +18,17 @@ import pytest
 
 from relay.core.db import advisory_key, connect
 from relay.outbox import OutboxEvent, enqueue, enqueue_many
-from relay.outbox.admin import SwitchRefused, prune, requeue, switch_mode
+from relay.outbox.admin import SwitchRefused, log_progress, prune, requeue, switch_mode
 from tests.servers import Servers
-from tests.support import RelayProcess, check_delivery, http_get, outbox_states, read_topic, wait_until
+from tests.support import (
+    RelayProcess,
+    check_delivery,
+    followed_mode,
+    http_get,
+    outbox_states,
+    read_topic,
+    wait_until,
+)
 
 LOG = pytest.mark.parametrize("relay_mode", ["log"], indirect=True)
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -299,13 +307,15 @@ def _write_continuously(
             time.sleep(0.005)
 
 
+@pytest.mark.parametrize("relays", ["pinned", "auto"])
 def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_order(
-    servers: Servers, schema: str
+    servers: Servers, schema: str, relays: str
 ) -> None:
     """The README's procedure, with writers running throughout: stop the relays, switch the outbox, start
-    them in the new mode. Rows pending from before the switch to log mode are claimed before the log is
-    read; after the switch back, the log is read to the switch before any pending row is claimed, and a
-    queue relay refuses to start until it is. Per-aggregate order holds across both switches."""
+    them in the new mode (pinned: --mode set to it; auto: the same relays, which follow the outbox). Rows
+    pending from before the switch to log mode are claimed before the log is read; after the switch back,
+    the log is read to the switch before any pending row is claimed: a relay pinned to queue mode refuses
+    to start until it is, one in auto mode reads it in log mode. Per-aggregate order holds throughout."""
     aggregate_type = f"switch{uuid.uuid4().hex[:6]}"
     written: dict[str, tuple[str, int]] = {}
     stop = threading.Event()
@@ -313,10 +323,17 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
         target=_write_continuously, args=(servers.database_url, schema, aggregate_type, stop, written)
     )
     url, bootstrap = servers.database_url, servers.kafka_bootstrap
+    pinned = relays == "pinned"
 
     def relay(mode: str) -> RelayProcess:
         # Small batches and a slow poll: a backlog of both kinds builds up across each switch.
-        return RelayProcess(url, bootstrap, schema, "--mode", mode, "--batch-size", "10")
+        return RelayProcess(
+            url, bootstrap, schema, "--mode", mode if pinned else "auto", "--batch-size", "10"
+        )
+
+    def ran_in(relay: RelayProcess, mode: str) -> None:
+        if not pinned:
+            assert followed_mode(relay) == mode
 
     def switch(mode: str) -> None:
         with connect(url, schema) as conn:
@@ -327,25 +344,31 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
         with relay("queue") as queue_relay:
             time.sleep(2)
             assert queue_relay.terminate() == 0
+        ran_in(queue_relay, "queue")
         time.sleep(0.5)  # pending rows pile up
         switch("log")
         with relay("log") as log_relay:
             time.sleep(3)
             assert log_relay.terminate() == 0
+        ran_in(log_relay, "log")
         time.sleep(0.5)  # logged rows pile up
         switch("queue")
-        with relay("queue") as early:
-            assert early.process.wait(timeout=30) == 2, "a queue relay refuses while the log is unread"
-            assert "not read to the switch" in early.log()
+        if pinned:
+            with relay("queue") as early:
+                assert early.process.wait(timeout=30) == 2, "a queue relay refuses while the log is unread"
+                assert "not read to the switch" in early.log()
         with relay("log") as log_relay:
-            wait_until(lambda: logged_rows_unread(url, schema) == 0, 30, what="the log read to the switch")
+            wait_until(lambda: shards_behind_switch(url, schema) == 0, 30, what="the log read to the switch")
+            assert logged_rows_unread(url, schema) == 0
             assert log_relay.terminate() == 0
+        ran_in(log_relay, "log")
         with relay("queue") as back:
             time.sleep(1)
             stop.set()
             writer.join(timeout=30)
             wait_until(lambda: set(outbox_states(url, schema)) == {"published"}, 30, what="all published")
             assert back.terminate() == 0
+        ran_in(back, "queue")
     finally:
         stop.set()
         writer.join(timeout=30)
@@ -353,6 +376,11 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
     assert states == {"published": len(written)}
     records = read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
     check_delivery(records, written)
+
+
+def shards_behind_switch(database_url: str, schema: str) -> int:
+    with connect(database_url, schema, autocommit=True) as conn:
+        return log_progress(conn).shards_behind_switch
 
 
 def logged_rows_unread(database_url: str, schema: str) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -9,9 +11,11 @@ import psycopg
 import pytest
 
 from relay.core.migrate import Migration, MigrationError, load_migrations, migrate
+from relay.outbox import enqueue
+from relay.outbox.admin import migrate_schema
 from relay.outbox.daemon import NOTIFY_CHANNEL
 from tests.servers import Servers
-from tests.support import RelayProcess, outbox_states, wait_until
+from tests.support import REPO, RelayProcess, followed_mode, outbox_states, read_topic, wait_until
 
 
 def test_migrate_twice_applies_once(servers: Servers) -> None:
@@ -36,7 +40,7 @@ def test_pods_migrating_at_once_do_not_race(servers: Servers) -> None:
     def pod() -> None:
         try:
             with psycopg.connect(servers.database_url, autocommit=True) as conn:
-                results.append(len(migrate(conn, schema)))
+                results.append(len(migrate_schema(conn, schema, "log")))  # as `postbox migrate` does
         except Exception as exc:  # noqa: BLE001  (any failure is collected and asserted on below)
             results.append(exc)
 
@@ -47,9 +51,56 @@ def test_pods_migrating_at_once_do_not_race(servers: Servers) -> None:
         thread.join(timeout=60)
     with psycopg.connect(servers.database_url, autocommit=True) as conn:
         recorded = conn.execute(f'SELECT count(*) FROM "{schema}".postbox_migrations').fetchone()
+        switches = conn.execute(f'SELECT mode, tick FROM "{schema}".outbox_mode').fetchall()
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
     assert sorted(results, key=str) == sorted([0] * 5 + [len(load_migrations())], key=str)
     assert recorded == (len(load_migrations()),)
+    assert [mode for mode, _ in switches] == ["log"], "the pod that created the outbox switched it, once"
+
+
+def test_postbox_migrate_starts_a_new_outbox_in_log_mode_and_leaves_an_existing_ones_mode(
+    servers: Servers,
+) -> None:
+    """The new outbox is switched in the transaction that creates it, so a relay left in --mode auto (the
+    default) reads it as a log from its first row; --new-outbox-mode queue keeps queue mode, and an outbox
+    that exists (in queue mode, from before log mode) is never switched by an upgrade."""
+    new, opted_out, existing = (f"m_{uuid.uuid4().hex[:8]}" for _ in range(3))
+    with psycopg.connect(servers.database_url, autocommit=True) as conn:
+        migrate(conn, existing)
+
+    def postbox_migrate(schema: str, *flags: str) -> str:
+        command = [sys.executable, "-m", "relay.cli", "migrate", "--database-url", servers.database_url]
+        done = subprocess.run(
+            [*command, "--schema", schema, *flags], capture_output=True, text=True, cwd=REPO, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def modes(schema: str) -> list[object]:
+        with psycopg.connect(servers.database_url, autocommit=True) as conn:
+            return [r[0] for r in conn.execute(f'SELECT mode FROM "{schema}".outbox_mode').fetchall()]
+
+    try:
+        assert "the new outbox is in log mode" in postbox_migrate(new)
+        assert "the new outbox is in queue mode" in postbox_migrate(opted_out, "--new-outbox-mode", "queue")
+        assert "already up to date" in postbox_migrate(existing)
+        assert (modes(new), modes(opted_out), modes(existing)) == (["log"], [], [])
+        aggregate_type = f"fresh{uuid.uuid4().hex[:6]}"
+        with psycopg.connect(servers.database_url) as app:
+            event_id = enqueue(app, aggregate_type, "a", "Created", {"n": 1}, schema=new)
+            app.commit()
+        with RelayProcess(servers.database_url, servers.kafka_bootstrap, new) as relay:
+            records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=1)
+            assert relay.terminate() == 0
+        assert followed_mode(relay) == "log"
+        assert [r.headers["id"].decode() for r in records] == [str(event_id)]
+        with psycopg.connect(servers.database_url, autocommit=True) as conn:
+            states = conn.execute(f'SELECT state FROM "{new}".outbox').fetchall()
+        assert states == [("logged",)], "read as a log: nothing written back"
+    finally:
+        with psycopg.connect(servers.database_url, autocommit=True) as conn:
+            for schema in (new, opted_out, existing):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_an_edited_applied_migration_is_refused_and_nothing_changes(servers: Servers) -> None:
