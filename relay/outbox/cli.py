@@ -165,8 +165,8 @@ def _cmd_switch_mode(args: argparse.Namespace, settings: Any, parser: argparse.A
     else:
         print(
             f"the outbox is in queue mode from tick {tick}: start the relays; in --mode auto (the default) "
-            "they read the rest of the log in log mode, and start in queue mode once `postbox relay status` "
-            "no longer shows it unread to the switch (pinned ones: --mode log until then, then --mode queue)"
+            "they read the rest of the log in log mode, then go on in queue mode (pinned ones: --mode log "
+            "until `postbox relay status` no longer shows the log unread to the switch, then --mode queue)"
         )
     return 0
 

@@ -39,7 +39,13 @@ from relay.outbox import admin
 from relay.outbox.errors import Disposition
 from relay.outbox.lane_turns import LaneTurns
 from relay.outbox.leases import LeaseKeeper
-from relay.outbox.log_reader import LogPage, LogReader, log_started, outbox_in_log_mode, prune_ticks
+from relay.outbox.log_reader import (
+    LogPage,
+    LogReader,
+    log_started,
+    outbox_in_log_mode,
+    prune_ticks,
+)
 from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from relay.outbox.publisher import Publisher, Sending
@@ -154,6 +160,7 @@ class Relay:
         tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.settings = settings
+        self._requested = settings  # as given: --mode auto is resolved into self.settings (_follow)
         self.publisher = publisher
         self.metrics = metrics
         self._connect = connect  # connect(autocommit) -> a connection with search_path set
@@ -185,7 +192,6 @@ class Relay:
             if settings.mode == "log"
             else None
         )
-        self._follows = False  # --mode auto, resolved to the outbox's mode by the first connect
         if tracing.tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
             from relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
@@ -281,23 +287,20 @@ class Relay:
         log.info("relay_connected")
 
     def _check_mode(self, conn: Connection) -> None:
-        """Follow the outbox's mode (--mode auto, on the first connect), then refuse a mode that would
-        leave rows unread: a queue relay on a log-mode outbox never reads the log, and a log relay on an
-        outbox never switched has no cursors. A relay that followed the outbox keeps its mode on later
-        connects: one switched meanwhile (a switch waits for the relays to stop, so only while this one
-        was cut off) stops it with exit 2, and it follows the new mode when started again."""
+        """At every connect and lease tick (no batch open). --mode auto: follow the outbox's mode, which
+        after a switch back to queue mode is log mode until every shard's log is read to the switch. A
+        pinned mode: refuse one that would leave rows unread (a queue relay on a log-mode outbox never
+        reads the log; a log relay on an outbox never switched has no cursors). A switch waits only for
+        open batches, so an idle relay, or one cut off from the database, finds it here."""
         in_log_mode = outbox_in_log_mode(conn)
         started = log_started(conn)
         behind = admin.log_progress(conn).shards_behind_switch if started else 0
-        if self.settings.mode == "auto":
-            self._follow(mode_to_follow(in_log_mode, behind))
-        restart = (
-            " (--mode auto follows the outbox when the relay starts: restart it)" if self._follows else ""
-        )
+        if self._requested.mode == "auto":
+            self._follow(mode_to_follow(in_log_mode, behind), "the outbox's mode")
         if in_log_mode and self._log is None:
             raise RelayConfigurationError(
                 "the outbox is in log mode: run the relay with --mode log or auto (POSTBOX_RELAY_MODE), or "
-                "switch the outbox back first (postbox relay switch-mode queue)" + restart
+                "switch the outbox back first (postbox relay switch-mode queue)"
             )
         if self._log is not None and not in_log_mode and not started:
             raise RelayConfigurationError(
@@ -307,18 +310,25 @@ class Relay:
             raise RelayConfigurationError(
                 f"the outbox was switched back to queue mode, but the log of {behind} shards is not read "
                 "to the switch yet: run the relays with --mode log or auto until `postbox relay status` "
-                "shows it read" + restart
+                "shows it read"
             )
 
-    def _follow(self, mode: str) -> None:
-        """Run in `mode` from now on: --mode auto, resolved once, before the first batch."""
-        self.settings = self.settings.following(mode)
-        self._follows = True
+    def _follow(self, mode: str, reason: str) -> None:
+        """Run in `mode` from the next batch on (--mode auto; called with no batch open: at a connect or
+        a lease tick)."""
+        if mode == self.settings.mode:
+            return
+        self.settings = self._requested.following(mode)
         if mode == "log":
             self._log = LogReader(
                 self.settings.schema, self.settings.relay_id, self.settings.tick_interval, self._lease_lock
             )
-        log.info("relay_mode_followed", mode=mode, batch_size=self.settings.rows_per_batch)
+        else:
+            if self._log is not None and self._lease_conn is not None:
+                self._log.write_deferred(self._lease_conn)  # so that status shows where the log stands
+            self._log = None
+            self.metrics.log_cursor_lag_seconds.clear()  # kept by log-mode relays only
+        log.info("relay_mode_followed", mode=mode, batch_size=self.settings.rows_per_batch, reason=reason)
 
     def _lock_relay_id(self, conn: Connection) -> None:
         """Hold the relay id's session lock on the lease connection, or raise RelayIdInUse."""
@@ -418,6 +428,8 @@ class Relay:
             owned = self.leases.tick()
             self.metrics.shards_owned.set(len(owned))
             self.metrics.leases_lost.inc(self.leases.lost_in_last_tick)
+            assert self._lease_conn is not None
+            self._check_mode(self._lease_conn)
             self._refresh_backlog_gauges()
             self._maintain_partitions()
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:

@@ -70,10 +70,11 @@ class RelaySettings(Settings):
     )
     mode: str = setting(
         "auto",
-        "auto: the outbox's own mode, read at start (log once it is switched to log mode with `postbox relay "
-        "switch-mode log`, and after a switch back until its log is read; queue otherwise); queue: claim "
-        "each row and mark it published; log: read the outbox as an append-only log in commit order, a "
-        "cursor per shard and no write per row",
+        "auto: the outbox's own mode, read at each lease renewal (log once it is switched to log mode with "
+        "`postbox relay switch-mode log`, and after a switch back until its log is read, then queue; queue "
+        "otherwise); "
+        "queue: claim each row and mark it published; log: read the outbox as an append-only log in commit "
+        "order, a cursor per shard and no write per row",
         choices=("auto", "queue", "log"),
     )
     tick_interval: float = setting(

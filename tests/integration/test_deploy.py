@@ -29,7 +29,7 @@ from relay.outbox import enqueue
 from relay.outbox.admin import migrate_schema
 from relay.outbox.metrics import RelayMetrics
 from tests.servers import Servers
-from tests.support import REPO, RelayProcess, followed_mode, outbox_states, wait_until
+from tests.support import REPO, RelayProcess, followed_modes, outbox_states, wait_until
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
 BUILT_IN = {
@@ -267,7 +267,7 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
             what="published by the least-privilege relay",
         )
         assert relay.terminate() == 0
-    assert followed_mode(relay) == "log", "the outbox's mode, read as the relay's role"
+    assert followed_modes(relay) == ["log"], "the outbox's mode, read as the relay's role"
     # It kept the outbox's partitions ahead through the function it may execute, which runs as the
     # migrator; it cannot empty or drop a partition itself, and a writer cannot call that function.
     with psycopg.connect(own_postgres.dsn) as admin:

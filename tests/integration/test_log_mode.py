@@ -23,7 +23,7 @@ from tests.servers import Servers
 from tests.support import (
     RelayProcess,
     check_delivery,
-    followed_mode,
+    followed_modes,
     http_get,
     outbox_states,
     read_topic,
@@ -315,7 +315,8 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
     them in the new mode (pinned: --mode set to it; auto: the same relays, which follow the outbox). Rows
     pending from before the switch to log mode are claimed before the log is read; after the switch back,
     the log is read to the switch before any pending row is claimed: a relay pinned to queue mode refuses
-    to start until it is, one in auto mode reads it in log mode. Per-aggregate order holds throughout."""
+    to start until it is; one in auto mode reads it in log mode, then goes on in queue mode. Per-aggregate
+    order holds throughout."""
     aggregate_type = f"switch{uuid.uuid4().hex[:6]}"
     written: dict[str, tuple[str, int]] = {}
     stop = threading.Event()
@@ -331,9 +332,9 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
             url, bootstrap, schema, "--mode", mode if pinned else "auto", "--batch-size", "10"
         )
 
-    def ran_in(relay: RelayProcess, mode: str) -> None:
+    def ran_in(relay: RelayProcess, *modes: str) -> None:
         if not pinned:
-            assert followed_mode(relay) == mode
+            assert followed_modes(relay) == list(modes)
 
     def switch(mode: str) -> None:
         with connect(url, schema) as conn:
@@ -360,8 +361,11 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
         with relay("log") as log_relay:
             wait_until(lambda: shards_behind_switch(url, schema) == 0, 30, what="the log read to the switch")
             assert logged_rows_unread(url, schema) == 0
+            if not pinned:  # goes on in queue mode, as a restart would
+                wait_until(lambda: followed_modes(log_relay) == ["log", "queue"], 10, what="queue mode")
+                time.sleep(1)  # a batch or two as a queue relay
             assert log_relay.terminate() == 0
-        ran_in(log_relay, "log")
+        ran_in(log_relay, "log", "queue")
         with relay("queue") as back:
             time.sleep(1)
             stop.set()
@@ -381,6 +385,37 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
 def shards_behind_switch(database_url: str, schema: str) -> int:
     with connect(database_url, schema, autocommit=True) as conn:
         return log_progress(conn).shards_behind_switch
+
+
+def test_a_switch_while_relays_sit_idle_is_followed_in_auto_and_stops_a_relay_pinned_to_the_old_mode(
+    servers: Servers, schema: str
+) -> None:
+    """A switch waits only for open batches, so it can happen under running relays that have nothing to
+    do. They look at the outbox's mode at every lease renewal: one in auto mode follows it, one pinned to
+    queue mode (which would never read the log) stops with exit 2 and says why, and nothing is lost."""
+    aggregate_type = f"idle{uuid.uuid4().hex[:6]}"
+    url, bootstrap = servers.database_url, servers.kafka_bootstrap
+    with (
+        RelayProcess(url, bootstrap, schema, "--mode", "auto") as follower,
+        RelayProcess(url, bootstrap, schema, "--mode", "queue") as pinned,
+    ):
+        before = _write(url, schema, _events(aggregate_type, 10))
+        wait_until(
+            lambda: outbox_states(url, schema) == {"published": 10}, 20, what="published in queue mode"
+        )
+        with connect(url, schema) as conn:
+            switch_mode(conn, schema, "log")
+        assert pinned.process.wait(timeout=20) == 2, "the pinned queue relay stops"
+        assert "the outbox is in log mode" in pinned.log()
+        wait_until(lambda: followed_modes(follower) == ["queue", "log"], 20, what="the auto relay follows")
+        after = _write(url, schema, _events(aggregate_type, 10, start=10))
+        wait_until(lambda: outbox_states(url, schema) == {"published": 20}, 20, what="published in log mode")
+        records = read_topic(bootstrap, f"outbox.event.{aggregate_type}", expected=20)
+        assert follower.terminate() == 0
+    assert sorted({r.headers["id"].decode() for r in records}) == sorted(before + after)
+    with connect(url, schema, autocommit=True) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM outbox GROUP BY 1").fetchall())
+    assert states == {"published": 10, "logged": 10}, "the later rows were read as a log"
 
 
 def logged_rows_unread(database_url: str, schema: str) -> int:

@@ -15,7 +15,7 @@ from relay.outbox import enqueue
 from relay.outbox.admin import migrate_schema
 from relay.outbox.daemon import NOTIFY_CHANNEL
 from tests.servers import Servers
-from tests.support import REPO, RelayProcess, followed_mode, outbox_states, read_topic, wait_until
+from tests.support import REPO, RelayProcess, followed_modes, outbox_states, read_topic, wait_until
 
 
 def test_migrate_twice_applies_once(servers: Servers) -> None:
@@ -92,7 +92,7 @@ def test_postbox_migrate_starts_a_new_outbox_in_log_mode_and_leaves_an_existing_
         with RelayProcess(servers.database_url, servers.kafka_bootstrap, new) as relay:
             records = read_topic(servers.kafka_bootstrap, f"outbox.event.{aggregate_type}", expected=1)
             assert relay.terminate() == 0
-        assert followed_mode(relay) == "log"
+        assert followed_modes(relay) == ["log"]
         assert [r.headers["id"].decode() for r in records] == [str(event_id)]
         with psycopg.connect(servers.database_url, autocommit=True) as conn:
             states = conn.execute(f'SELECT state FROM "{new}".outbox').fetchall()
