@@ -12,7 +12,7 @@ import psycopg
 from relay.core.batched import delete_in_batches
 from relay.core.migrate import Migration, migrate
 from relay.core.sql import query
-from relay.outbox.log_reader import take_tick
+from relay.outbox.log_reader import shards_behind_switch, take_tick
 
 QUERIES = Path(__file__).with_name("queries.sql")
 
@@ -91,11 +91,9 @@ class LogBacklog:
 
 def log_progress(conn: psycopg.Connection[tuple[object, ...]]) -> LogProgress:
     ages = conn.execute(query(QUERIES, "log_ages")).fetchone()
-    behind = conn.execute(query(QUERIES, "log_behind_switch")).fetchone()
     assert ages is not None
-    assert behind is not None
     lag = {int(str(s)): float(str(v)) for s, v in conn.execute(query(QUERIES, "log_cursor_lag"))}
-    return LogProgress(float(str(ages[0])), float(str(ages[1])), lag, int(str(behind[0])))
+    return LogProgress(float(str(ages[0])), float(str(ages[1])), lag, shards_behind_switch(conn))
 
 
 def log_backlog(conn: psycopg.Connection[tuple[object, ...]]) -> LogBacklog:

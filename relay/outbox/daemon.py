@@ -45,6 +45,7 @@ from relay.outbox.log_reader import (
     log_started,
     outbox_in_log_mode,
     prune_ticks,
+    shards_behind_switch,
 )
 from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
@@ -294,7 +295,7 @@ class Relay:
         open batches, so an idle relay, or one cut off from the database, finds it here."""
         in_log_mode = outbox_in_log_mode(conn)
         started = log_started(conn)
-        behind = admin.log_progress(conn).shards_behind_switch if started else 0
+        behind = shards_behind_switch(conn) if started else 0
         if self._requested.mode == "auto":
             self._follow(mode_to_follow(in_log_mode, behind), "the outbox's mode")
         if in_log_mode and self._log is None:

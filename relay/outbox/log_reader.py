@@ -75,6 +75,12 @@ def outbox_in_log_mode(conn: Connection) -> bool:
     return bool(found and found[0])
 
 
+def shards_behind_switch(conn: Connection) -> int:
+    """After a switch back to queue mode: the shards whose log is not yet read to the switch."""
+    found = conn.execute(query(QUERIES, "log_behind_switch")).fetchone()
+    return int(found[0]) if found else 0
+
+
 def log_started(conn: Connection) -> bool:
     """Whether the outbox was ever switched to log mode (its cursors have a tick)."""
     found = conn.execute(query(QUERIES, "log_started")).fetchone()
