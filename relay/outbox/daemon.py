@@ -297,7 +297,11 @@ class Relay:
         started = log_started(conn)
         behind = shards_behind_switch(conn) if started else 0
         if self._requested.mode == "auto":
-            self._follow(mode_to_follow(in_log_mode, behind), "the outbox's mode")
+            read_to_switch = started and not in_log_mode and self._log is not None
+            self._follow(
+                mode_to_follow(in_log_mode, behind),
+                "the log is read to the switch back" if read_to_switch else "the outbox's mode",
+            )
         if in_log_mode and self._log is None:
             raise RelayConfigurationError(
                 "the outbox is in log mode: run the relay with --mode log or auto (POSTBOX_RELAY_MODE), or "
