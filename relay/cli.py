@@ -92,13 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_migrate(args: argparse.Namespace, settings: MigrateSettings, parser: argparse.ArgumentParser) -> int:
     import psycopg  # noqa: PLC0415
 
+    from relay.core.migrate import created_by  # noqa: PLC0415
     from relay.outbox.admin import migrate_schema  # noqa: PLC0415
 
     with psycopg.connect(settings.database_url) as conn:
         applied = migrate_schema(conn, settings.schema, settings.new_outbox_mode)
     names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (already up to date)"
     print(f"schema {settings.schema}: applied {names}")
-    if applied and applied[0].version == 1:
+    if created_by(applied):
         print(f"the new outbox is in {settings.new_outbox_mode} mode")
     return 0
 

@@ -84,6 +84,12 @@ def applied_versions(conn: psycopg.Connection[tuple[object, ...]], schema: str) 
     return {int(str(v)): str(c) for v, c in rows}
 
 
+def created_by(applied: list[Migration], migrations: list[Migration] | None = None) -> bool:
+    """Whether the run that applied `applied` created the schema's tables: it applied the first migration."""
+    first = (load_migrations() if migrations is None else migrations)[0]
+    return bool(applied) and applied[0].version == first.version
+
+
 def migrate(
     conn: psycopg.Connection[tuple[object, ...]],
     schema: str,
@@ -124,6 +130,6 @@ def migrate(
                 ),
                 (migration.version, migration.name, migration.checksum),
             )
-        if on_create is not None and pending and pending[0].version == migrations[0].version:
+        if on_create is not None and created_by(pending, migrations):
             on_create(conn)
     return pending
