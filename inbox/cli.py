@@ -8,6 +8,7 @@ import importlib
 import os
 from typing import Any, TypeVar
 
+from relay.core.operator_errors import SCHEMA_IN_USE
 from relay.core.settings import DatabaseSettings, Settings, add_flags, load
 from relay.core.tracing import start_daemon_tracing, start_tracing_for
 
@@ -115,6 +116,7 @@ def _load_inbox(settings: Any) -> Any:
     app = load_app(settings.app, Inbox)
     if settings.schema:
         app.schema = settings.schema
+    SCHEMA_IN_USE.set(app.schema)  # so an unmigrated schema's message names it (relay.cli's dispatch)
     return app
 
 
@@ -177,6 +179,7 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         parser.error(f"{settings.label('max_connections')}: {exc}")
     # Checked here, before anything starts; with --workers each process starts its own.
     tracing = start_daemon_tracing("receiver", parser)
+    _stop_if_refused(settings)
     if settings.workers == 1:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
@@ -206,6 +209,36 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         processes.install_signal_handlers()
         with serving(settings.metrics_address, registry, processes.healthy, processes.ready):
             return processes.run()
+
+
+def _stop_if_refused(settings: Any) -> None:
+    """The receiver answers 503 while its database is down and its pool reconnects by itself, which is
+    right for an outage. A database that refuses it for good (no such database or role, a wrong password)
+    or a schema that is not migrated would make that forever: those stop the start, with the reason (the
+    CLI's dispatch prints it). A database that is merely down lets the receiver start, as before."""
+    import psycopg  # noqa: PLC0415
+
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.core.migrate import applied_version, load_migrations  # noqa: PLC0415
+    from relay.core.operator_errors import (  # noqa: PLC0415
+        OperatorMistake,
+        SchemaState,
+        permanent_connect_failure,
+        schema_verdict,
+    )
+
+    try:
+        with connect(
+            settings.database_url, settings.schema, autocommit=True, application_name="postbox-webhooks"
+        ) as conn:
+            applied = applied_version(conn, settings.schema)
+    except psycopg.Error as exc:
+        if permanent_connect_failure(exc):
+            raise
+        return
+    verdict = schema_verdict(SchemaState(settings.schema, applied, load_migrations()[-1].version))
+    if verdict is not None:
+        raise OperatorMistake(verdict)
 
 
 def _serve_on(settings: Any, max_connections: int, log_format: str, log_level: str, sock: Any) -> None:
@@ -290,6 +323,7 @@ def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         parser.error(str(exc))
     if settings.schema:
         hooks.schema = settings.schema
+    SCHEMA_IN_USE.set(hooks.schema)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from inbox.webhooks.worker import WorkerMetrics  # noqa: PLC0415
@@ -316,7 +350,7 @@ def _cmd_reconcile(args: argparse.Namespace, settings: Any, parser: argparse.Arg
 
     from inbox.webhooks.reconcile import reconcile  # noqa: PLC0415
     from relay.core.daemon import Daemon  # noqa: PLC0415
-    from relay.core.db import connect, database_unavailable  # noqa: PLC0415
+    from relay.core.db import connect, transient_database_error  # noqa: PLC0415
 
     try:
         target = load_app(settings.app)
@@ -347,7 +381,7 @@ def _cmd_reconcile(args: argparse.Namespace, settings: Any, parser: argparse.Arg
         reconcile_once()
         daemon.sleep(settings.every.total_seconds())
 
-    return daemon.run(scheduled, lost=database_unavailable, on_lost=lambda _exc: None)
+    return daemon.run(scheduled, lost=transient_database_error, on_lost=lambda _exc: None)
 
 
 def _cmd_prune_webhooks(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:

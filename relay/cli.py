@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay import __version__
@@ -18,6 +19,7 @@ from relay.core.settings import Settings, SettingsError, add_flags, load
 from relay.devstack.settings import DemoSettings, StackChoice, StackSettings
 
 if TYPE_CHECKING:
+    from relay.core.operator_errors import OperatorError
     from relay.outbox.settings import MigrateSettings
 
 Handler = Callable[[argparse.Namespace, Any, argparse.ArgumentParser], int]
@@ -71,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 1 when one is invalid); without --service, every service",
     )
     check.add_argument("--service", choices=["relay", "inbox", "webhook-worker", "receiver"])
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also reach each configured service's database (and check its schema's migrations) and "
+        "brokers, with its own settings and credentials",
+    )
+    check.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --connect: how long the brokers may take to answer (default 10)",
+    )
     check.set_defaults(handler=_cmd_config_check)
     reference = config_commands.add_parser(
         "reference", help="a service's settings as a Markdown table (the README's tables are these)"
@@ -157,15 +172,115 @@ def _cmd_dev_env(args: argparse.Namespace, settings: StackChoice, parser: argpar
 
 
 def _cmd_config_check(args: argparse.Namespace, settings: None, parser: argparse.ArgumentParser) -> int:
-    from relay.core.config_check import check_service  # noqa: PLC0415
+    from relay.core.config_check import check_service, known_variables, unknown_variables  # noqa: PLC0415
 
     chosen = services() if args.service is None else {args.service: services()[args.service]}
     ok = True
     for name, cls in chosen.items():
-        lines, valid = check_service(name, cls, os.environ, missing_is_error=args.service is not None)
+        lines, valid = check_service(
+            name,
+            cls,
+            os.environ,
+            missing_is_error=args.service is not None,
+            more=functools.partial(_further_checks, name, connect=args.connect, timeout=args.timeout),
+        )
         print("\n".join(lines))
         ok = ok and valid
-    return 0 if ok else 1
+    families = (*_VARIABLE_FAMILIES, *_generic_provider_families(os.environ))
+    unknown = unknown_variables(os.environ, known_variables(_every_settings_class()), families)
+    if unknown:
+        print("\n".join(unknown))
+    return 0 if ok and not unknown else 1
+
+
+# Variables read outside the settings' declarations: families of names, and the tools' own.
+_VARIABLE_FAMILIES = (
+    "POSTBOX_RDKAFKA_",  # any librdkafka property (relay.core.kafka_config)
+    "POSTBOX_TEST_",  # the test suite's servers (tests/servers.py)
+    "POSTBOX_PG_BIN",  # the dev stack's PostgreSQL binaries (relay.devstack.postgres)
+    "POSTBOX_CACHE_DIR",  # the dev stack's Kafka jars (relay.devstack.kafka)
+    "POSTBOX_TRACE_WATERFALL",  # the tracing test's picture (tests/integration/test_tracing.py)
+)
+
+
+def _generic_provider_families(environ: Mapping[str, str]) -> list[str]:
+    """POSTBOX_WEBHOOK_<NAME>_ for each generic HMAC provider POSTBOX_WEBHOOK_GENERIC names (their
+    variables are read by inbox.webhooks.config.providers_from, under the same prefix)."""
+    from relay.core.secrets import comma_list  # noqa: PLC0415
+
+    names = comma_list(environ.get("POSTBOX_WEBHOOK_GENERIC", ""))
+    return [f"POSTBOX_WEBHOOK_{name.upper().replace('-', '_')}_" for name in names]
+
+
+def _every_settings_class() -> list[type[Settings]]:
+    """The settings every `postbox` command reads, found on the parser (so a new command is included)."""
+    found: list[type[Settings]] = [LoggingSettings]
+    pending = [build_parser()]
+    while pending:
+        parser = pending.pop()
+        cls = parser.get_default("settings_class")
+        if cls is not None and cls not in found:
+            found.append(cls)
+        for action in parser._actions:  # argparse keeps its subparsers only here
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    return found
+
+
+def _further_checks(name: str, loaded: Any, *, connect: bool, timeout: float) -> tuple[list[str], list[str]]:
+    """For a service whose settings are valid: its app loads (no server needed); with --connect, its
+    database and schema, and its brokers, answer."""
+    lines: list[str] = []
+    problems: list[str] = []
+    schema = getattr(loaded, "schema", None)
+    if name in ("inbox", "webhook-worker"):
+        app, problem = _check_app(name, loaded)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            schema = schema or app.schema
+            lines.append(f"  app: {loaded.app} loaded ({type(app).__name__}, schema {app.schema})")
+    if not connect:
+        return lines, problems
+    from relay.core.config_check import check_database  # noqa: PLC0415
+
+    for shown, found in (
+        check_database(loaded.database_url, schema),
+        *(_kafka_check(name, loaded, timeout) if getattr(loaded, "kafka_bootstrap", None) else []),
+    ):
+        lines.extend(shown)
+        problems.extend(found)
+    return lines, problems
+
+
+def _kafka_check(name: str, loaded: Any, timeout: float) -> list[tuple[list[str], list[str]]]:
+    from relay.core.config_check import check_kafka  # noqa: PLC0415
+
+    if name == "relay":
+        config = loaded.producer_config()  # exactly what the relay's producer gets
+    else:
+        config = {"bootstrap.servers": loaded.kafka_bootstrap, **loaded.kafka_config}
+    return [check_kafka(config, timeout, getattr(loaded, "topics", None) or ())]
+
+
+def _check_app(name: str, loaded: Any) -> tuple[Any, str | None]:
+    """The service's --app object, or why it cannot be had: importing it runs the app's module, as the
+    daemon's start would."""
+    if name == "inbox":
+        from inbox.handlers import Inbox as kind  # noqa: PLC0415
+    else:
+        from inbox.webhooks.worker import Webhooks as kind  # type: ignore[assignment]  # noqa: PLC0415
+    from inbox.cli import load_app  # noqa: PLC0415
+
+    label = type(loaded).label("app")
+    try:
+        return load_app(loaded.app, kind), None
+    except ImportError as exc:
+        return None, f"{label}: {loaded.app!r}: cannot import {exc.name or loaded.app}: {exc}"
+    except ValueError as exc:  # load_app's own words start with "--app 'spec'"
+        return None, f"{label}: {str(exc).removeprefix('--app ')}"
+    except Exception as exc:  # noqa: BLE001  (the app's module raised while importing: say so, not crash)
+        return None, f"{label}: {loaded.app!r}: importing it raised {type(exc).__name__}: {exc}"
 
 
 def _cmd_config_reference(args: argparse.Namespace, settings: None, parser: argparse.ArgumentParser) -> int:
@@ -196,7 +311,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    return handler(args, loaded.settings if loaded else None, command_parser)
+    settings = loaded.settings if loaded else None
+    try:
+        return handler(args, settings, command_parser)
+    except Exception as exc:
+        problem = _operator_error(exc, settings)
+        if problem is None:
+            raise  # not an operator's mistake: a bug keeps its traceback
+        if getattr(settings, "SERVICE", "") or getattr(settings, "every", None) is not None:
+            # A daemon's output is its log stream (JSON in production): the reason it stopped is an event.
+            structlog.get_logger("postbox").error(
+                "postbox_stopped", error=problem.message, exit_code=problem.exit_code
+            )
+        else:
+            print(f"postbox: {problem.message}", file=sys.stderr)
+        return problem.exit_code
+
+
+def _operator_error(exc: Exception, settings: object) -> OperatorError | None:
+    """`exc` as one line and an exit code when it is an ordinary mistake (relay.core.operator_errors).
+    After an error about a missing table, column or function it looks at the schema's migrations, so the
+    line says whether the schema was never migrated, is behind, or (current: a bug) not an operator error."""
+    from relay.core.migrate import schema_state  # noqa: PLC0415
+    from relay.core.operator_errors import SCHEMA_IN_USE, explain, needs_schema_state  # noqa: PLC0415
+
+    dsn = getattr(settings, "database_url", None)
+    schema = getattr(settings, "schema", None) or SCHEMA_IN_USE.get()
+    state = schema_state(dsn, schema) if dsn and schema and needs_schema_state(exc) else None
+    return explain(exc, schema=schema, state=state, secrets=_passwords(dsn))
+
+
+def _passwords(dsn: str | None) -> list[str | None]:
+    """The password a connection URL carries, however it is written (user:pw@ or ?password=)."""
+    if not dsn:
+        return []
+    from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
+
+    from relay.core.redact import url_password  # noqa: PLC0415
+
+    try:
+        keyword = conninfo_to_dict(dsn).get("password")
+    except Exception:  # noqa: BLE001  (settings checked the URL; this is only belt and braces)
+        keyword = None
+    return [url_password(dsn), str(keyword) if keyword else None]
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""librdkafka pass-through settings, from the environment and from repeated --kafka-config flags. Pure."""
+"""librdkafka pass-through settings, from the environment and from repeated --kafka-config flags. Pure, apart
+from with_structlog_logger's shared log adapter."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from typing import Any, TypeVar
 
 from relay.core.secrets import secret
 
@@ -43,3 +46,20 @@ def parse_kafka_config(pairs: list[str]) -> dict[str, str]:
 def kafka_config_from(flags: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment's properties, overridden by the flags'."""
     return {**rdkafka_from_env(environ), **parse_kafka_config(flags)}
+
+
+C = TypeVar("C", bound=dict[str, Any])
+
+
+@functools.cache
+def _shared_log_adapter() -> Any:
+    from relay.core.kafka_logs import KafkaLogAdapter  # noqa: PLC0415
+
+    return KafkaLogAdapter()
+
+
+def with_structlog_logger(config: C) -> C:
+    """`config` for a confluent_kafka Producer, Consumer or AdminClient, with librdkafka's log lines sent
+    through structlog and rate-limited (relay.core.kafka_logs) instead of printed raw on stderr. One adapter
+    for the whole process, so a message repeated by several clients is limited once."""
+    return {**config, "logger": _shared_log_adapter()}  # type: ignore[return-value]

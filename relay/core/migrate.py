@@ -18,6 +18,8 @@ import psycopg
 from psycopg import sql
 
 from relay.core.db import advisory_key
+from relay.core.operator_errors import SchemaState
+from relay.core.sql import check_schema_name
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 MIGRATIONS_TABLE = "postbox_migrations"
@@ -71,8 +73,11 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
 
 def applied_versions(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> dict[int, str]:
     """{version: checksum} already recorded in the schema, or {} where postbox was never installed."""
+    # Quoted by the server: a name with a double quote in it (a"b), spelled '"a"b"' here, was no name to
+    # to_regclass (NULL), so a second run found nothing applied and ran every migration again.
     exists = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".{MIGRATIONS_TABLE}',)
+        "SELECT to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) IS NOT NULL",
+        (schema, MIGRATIONS_TABLE),
     ).fetchone()
     if not exists or not exists[0]:
         return {}
@@ -82,6 +87,25 @@ def applied_versions(conn: psycopg.Connection[tuple[object, ...]], schema: str) 
         )
     ).fetchall()
     return {int(str(v)): str(c) for v, c in rows}
+
+
+def applied_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int | None:
+    """The newest migration applied to `schema`, or None where postbox was never migrated into it."""
+    done = applied_versions(conn, schema)
+    return max(done) if done else None
+
+
+def schema_state(dsn: str, schema: str) -> SchemaState | None:
+    """Where `schema` stands against this postbox's migrations, or None when the database cannot tell us
+    (it is down, refuses us): the caller then says what it can without it."""
+    from relay.core.db import connect  # noqa: PLC0415
+
+    try:
+        with connect(dsn, schema, autocommit=True, application_name="postbox-schema-check") as conn:
+            applied = applied_version(conn, schema)
+    except psycopg.Error:
+        return None
+    return SchemaState(schema, applied, load_migrations()[-1].version)
 
 
 def created_by(applied: list[Migration], migrations: list[Migration] | None = None) -> bool:
@@ -102,6 +126,10 @@ def migrate(
     in the same transaction and with the schema on the search path: a new schema's first settings are
     committed with its tables or not at all, and no other session ever sees it without them."""
     migrations = load_migrations() if migrations is None else migrations
+    try:
+        check_schema_name(schema)
+    except ValueError as exc:
+        raise MigrationError(str(exc)) from None
     schema_id = sql.Identifier(schema)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("postbox.migrate", schema),))
@@ -122,14 +150,31 @@ def migrate(
                 )
         pending = [m for m in migrations if m.version not in done]
         conn.execute(sql.SQL("SET LOCAL search_path TO {}, public").format(schema_id))
+        _check_search_path(conn, schema)
         for migration in pending:
             conn.execute(migration.sql.encode())  # shipped files, never user input
+            # No parameters beside a composed name: psycopg reads a '%' in the schema's name as one.
             conn.execute(
-                sql.SQL("INSERT INTO {}.{} (version, name, checksum) VALUES (%s, %s, %s)").format(
-                    schema_id, sql.Identifier(MIGRATIONS_TABLE)
-                ),
-                (migration.version, migration.name, migration.checksum),
+                sql.SQL("INSERT INTO {}.{} (version, name, checksum) VALUES ({}, {}, {})").format(
+                    schema_id,
+                    sql.Identifier(MIGRATIONS_TABLE),
+                    sql.Literal(migration.version),
+                    sql.Literal(migration.name),
+                    sql.Literal(migration.checksum),
+                )
             )
         if on_create is not None and created_by(pending, migrations):
             on_create(conn)
     return pending
+
+
+def _check_search_path(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
+    """The migrations create their objects in current_schema(): make sure that is `schema` (as PostgreSQL
+    names it: cut to 63 bytes), so a name search_path reads otherwise can never put the tables elsewhere."""
+    found = conn.execute("SELECT current_schema(), %s::text::name", (schema,)).fetchone()
+    if found is None or found[0] != found[1]:
+        selected = None if found is None else found[0]
+        raise MigrationError(
+            f"schema {schema!r}: search_path selects {selected!r} instead, so the tables would land there; "
+            "choose another name"
+        )

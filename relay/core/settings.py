@@ -24,6 +24,7 @@ from relay.core.kafka_config import kafka_config_from
 from relay.core.redact import MASK, redact
 from relay.core.secrets import comma_list
 from relay.core.secrets import secret as read_secret
+from relay.core.sql import check_schema_name
 
 _KEY = "postbox.setting"
 NO_DEFAULT = "\N{EN DASH}"  # how --help and the README's tables show "no default"
@@ -171,7 +172,11 @@ def shared_database_url() -> Any:
 def shared_schema(default: str | None = DEFAULT_SCHEMA) -> Any:
     shown = None if default else "the app's"
     return setting(
-        default, "schema holding the postbox tables", parse=text, env="POSTBOX_SCHEMA", shown_default=shown
+        default,
+        "schema holding the postbox tables",
+        parse=check_schema_name,  # refused at start, naming the setting: '$user', empty, NUL, pg_*
+        env="POSTBOX_SCHEMA",
+        shown_default=shown,
     )
 
 

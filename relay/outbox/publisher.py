@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, Protocol
 import tenacity
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from relay.core.kafka_config import with_structlog_logger
 from relay.outbox.errors import Disposition, classify
 from relay.outbox.outcome import DELIVERED, Delivery
 from relay.outbox.routing import ID_HEADER, Message
@@ -191,7 +192,7 @@ class KafkaPublisher:
         callbacks: dict[str, Any] = {"error_cb": self._on_error}
         if on_statistics is not None:
             callbacks["stats_cb"] = on_statistics
-        self._producer = Producer({**config, **callbacks})
+        self._producer = Producer(with_structlog_logger({**config, **callbacks}))
 
     def _on_error(self, error: KafkaError) -> None:
         # Transient broker errors arrive here too (librdkafka retries them itself); fatal ones end the
