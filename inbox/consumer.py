@@ -29,8 +29,16 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from inbox.handlers import Inbox, PermanentError, Unhandled
 from inbox.message import Message, MessageIdMissing, event_type_of
 from inbox.metrics import InboxMetrics
+from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
-from relay.core.db import connect, database_unavailable, describe_error, storable_text
+from relay.core.db import (
+    connect,
+    database_unavailable,
+    describe_error,
+    storable_text,
+    transient_database_error,
+)
+from relay.core.kafka_config import with_structlog_logger
 from relay.core.settings import (
     Settings,
     SettingsError,
@@ -50,6 +58,13 @@ if TYPE_CHECKING:
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.inbox")
 LAG_INTERVAL = 15.0
+# The wait before a batch rolled back by a transient database error is read again: jittered (two consumers
+# that deadlocked do not meet again at once), doubling from this while it keeps happening, up to the cap.
+TRANSIENT_BACKOFF = 0.1
+TRANSIENT_BACKOFF_CAP = 10.0
+# A requeue runs each parked message in a transaction of its own: this many tries of it when they keep
+# meeting transient database errors, then the message is left parked as it was and reported.
+REQUEUE_TRIES = 5
 # Request-level errors of the offset fetch after an assignment. librdkafka (2.16) leaves the partitions it
 # asked about waiting for that fetch forever (never fetched, never retried: confluentinc/librdkafka#5586),
 # while the consumer looks healthy. A new consumer (a new assignment) recovers at once from the committed
@@ -128,6 +143,7 @@ class InboxConsumer:
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._dead_letters: Producer | None = None
         self._in_flight: list[Any] = []  # the batch being applied, read again after a database loss
+        self._transient_in_row = 0  # batches in a row rolled back by a transient database error
         self._next_lag = 0.0
         self._consumer: Consumer | None = None
         self._stuck: str | None = None  # why the assignment must be taken afresh (a new consumer)
@@ -163,19 +179,21 @@ class InboxConsumer:
             "enable.auto.commit": True,
             "auto.commit.interval.ms": 1000,
         }
-        return Consumer(config)
+        return Consumer(with_structlog_logger(config))
 
     def run(self) -> int:
         if not self.settings.topics:  # checked here: a requeue needs no topics
             raise ValueError("topics: at least one topic is required (POSTBOX_INBOX_TOPICS)")
         if self.inbox.dead_letter_topic:
             self._dead_letters = Producer(
-                {
-                    "bootstrap.servers": self.settings.kafka_bootstrap,
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    **self.settings.kafka_config,
-                }
+                with_structlog_logger(
+                    {
+                        "bootstrap.servers": self.settings.kafka_bootstrap,
+                        "enable.idempotence": True,
+                        "acks": "all",
+                        **self.settings.kafka_config,
+                    }
+                )
             )
 
         self._consumer = self._subscribed()
@@ -227,12 +245,43 @@ class InboxConsumer:
         if time.monotonic() >= self._next_lag:
             self._next_lag = time.monotonic() + LAG_INTERVAL
             self._record_lag(consumer)
+            if self._dead_letters is not None:
+                # Serves its log lines (kafka_client_log) while idle too: delivered only on poll.
+                self._dead_letters.poll(0)
         records = consumer.consume(self.settings.batch_size, self.settings.poll_timeout)
         self._in_flight = [r for r in records if self._usable(r)]
         if self._in_flight:
-            self._apply(self._in_flight)
+            try:
+                self._apply(self._in_flight)
+            except Exception as exc:
+                # A lost database is the daemon's to handle (reconnect, then read the batch again);
+                # anything that is not a database's transient error is a bug and stops the consumer.
+                if database_unavailable(exc, self._conn) or not transient_database_error(exc):
+                    raise
+                self._read_again_later(consumer, exc)
+                return
+            self._transient_in_row = 0
             self._store_offsets(consumer, self._in_flight)
         self._in_flight = []
+
+    def _read_again_later(self, consumer: Consumer, exc: BaseException) -> None:
+        """The batch's transaction was rolled back by a transient database error: a deadlock with another
+        consumer, a lock timeout, a serialization failure. Nothing of it was committed and none of its
+        messages is at fault, so none is parked: the batch is read again after a jittered wait, longer
+        while it keeps happening. The wait is inside the turn and the next turn polls, so the consumer
+        keeps its place in the group (max.poll.interval.ms) and its heartbeat."""
+        self._transient_in_row += 1
+        delay = backoff_delay(self._transient_in_row, base=TRANSIENT_BACKOFF, cap=TRANSIENT_BACKOFF_CAP)
+        log.warning(
+            "inbox_batch_retry",
+            error=describe_error(exc),
+            messages=len(self._in_flight),
+            in_a_row=self._transient_in_row,
+            retry_in=round(delay, 3),
+        )
+        self._rewind(consumer, self._in_flight)
+        self._in_flight = []
+        self.daemon.sleep(delay)
 
     def _record_lag(self, consumer: Consumer) -> None:
         """Messages between our position and each assigned partition's end (a consumer-lag gauge)."""
@@ -366,22 +415,27 @@ class InboxConsumer:
         Ids are checked before they get here (inbox.message.usable_id), but should the database (or
         psycopg, which refuses NUL before sending) still refuse one record's data, that must not hold back
         the batch nor loop forever: the batch is claimed again one record at a time and each refused
-        record is parked under its coordinates."""
+        record is parked under its coordinates.
+
+        Only a refusal of the data parks: a transient error (a deadlock with another consumer claiming
+        the same ids, a lock timeout) fails the whole batch, which is read again (_read_again_later).
+        Claimed one by one, the records go in message id order, the claim statement's own order, so the
+        locks this transaction takes still follow one order."""
         try:
             with conn.transaction():  # a savepoint, so a refused claim leaves the transaction usable
                 return self._claim_statement(conn, work)
         except psycopg.Error as exc:
-            if database_unavailable(exc, conn):
+            if transient_database_error(exc, conn):
                 raise
             log.warning("inbox_claim_refused", error=describe_error(exc), messages=len(work))
         claimed: set[str] = set()
-        for item in work:
+        for item in sorted(work, key=lambda w: w.message.message_id):
             try:
                 with conn.transaction():
                     claimed |= self._claim_statement(conn, [item])
                 continue
             except psycopg.Error as exc:
-                if database_unavailable(exc, conn):
+                if transient_database_error(exc, conn):
                     raise
                 reason = f"refused by the database ({describe_error(exc)})"
             message = item.message
@@ -405,8 +459,8 @@ class InboxConsumer:
                     for item in items:
                         self._run_handler(conn, item.message)
             except Exception as exc:
-                if database_unavailable(exc, conn):
-                    raise  # the database went away: the whole batch is read again
+                if transient_database_error(exc, conn):
+                    raise  # the database went away, or lost a race: the whole batch is read again
                 reason = f"{type(exc).__name__}: {describe_error(exc)}"
                 log.debug("inbox_batch_pass_failed", error=reason)
                 if self._spans is not None:
@@ -467,9 +521,12 @@ class InboxConsumer:
             )
 
         retrying = tenacity.Retrying(
-            # A PermanentError parks at once; a lost database is the whole batch's problem (read it again).
+            # A PermanentError parks at once. A transient database error is the whole batch's problem, not
+            # this message's: the batch is read again. Retrying only this handler's savepoint would not
+            # do: after a serialization failure the transaction's snapshot can never succeed, and after a
+            # deadlock the batch's claims are still held by the transaction the other side waits for.
             retry=tenacity.retry_if_exception(
-                lambda exc: not isinstance(exc, PermanentError) and not database_unavailable(exc, conn)
+                lambda exc: not isinstance(exc, PermanentError) and not transient_database_error(exc, conn)
             ),
             stop=tenacity.stop_after_attempt(self.inbox.max_attempts),
             wait=tenacity.wait_random_exponential(multiplier=self.inbox.retry_backoff, max=10),
@@ -479,7 +536,8 @@ class InboxConsumer:
         try:
             retrying(attempt)
         except Exception as exc:
-            if database_unavailable(exc, conn):
+            # A handler that says PermanentError means it, whatever database error it was raised from.
+            if not isinstance(exc, PermanentError) and transient_database_error(exc, conn):
                 raise
             reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, PermanentError) else _reason(exc)
             return self._park(conn, message, reason, attempts)
@@ -547,14 +605,16 @@ class InboxConsumer:
         gone: list[str] = []
         conn = self._db()
         fetcher = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"postbox-requeue-{self.inbox.consumer}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "error",
-                "isolation.level": "read_committed",
-                **self.settings.kafka_config,
-            }
+            with_structlog_logger(
+                {
+                    "bootstrap.servers": self.settings.kafka_bootstrap,
+                    "group.id": f"postbox-requeue-{self.inbox.consumer}",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "error",
+                    "isolation.level": "read_committed",
+                    **self.settings.kafka_config,
+                }
+            )
         )
         try:
             with conn.transaction():
@@ -567,32 +627,55 @@ class InboxConsumer:
                 if record is None:
                     gone.append(str(message_id))
                     continue
-                with conn.transaction():
-                    locked = conn.execute(
-                        query(QUERIES, "parked_to_requeue"),
-                        {"consumer": self.inbox.consumer, "ids": [message_id], "error_like": None},
-                    ).fetchone()
-                    if locked is None:
-                        continue  # requeued meanwhile by someone else
-                    work = self._decode(record)
-                    if work.missing_id is not None or work.message.message_id != message_id:
-                        again.append(
-                            (str(message_id), f"its id is unusable ({work.missing_id}); left parked")
-                        )
-                        continue
-                    reason = self._handle(conn, work)
-                    if reason is None:
-                        conn.execute(
-                            query(QUERIES, "mark_requeued_done"),
-                            {"consumer": self.inbox.consumer, "message_id": message_id},
-                        )
-                        applied.append(str(message_id))
-                    else:
-                        again.append((str(message_id), reason))
+                done, reason = self._requeue_retrying(conn, str(message_id), record)
+                if done:
+                    applied.append(str(message_id))
+                elif reason is not None:
+                    again.append((str(message_id), reason))
         finally:
             fetcher.close()
             self._close_db()
         return Requeued(applied, again, gone)
+
+    def _requeue_retrying(
+        self, conn: psycopg.Connection[tuple[Any, ...]], message_id: str, record: Any
+    ) -> tuple[bool, str | None]:
+        """_requeue_one, tried again when a transient database error rolls its transaction back (the
+        message is not at fault); after REQUEUE_TRIES such errors it is left parked as it was."""
+        for tries in range(1, REQUEUE_TRIES + 1):
+            try:
+                return self._requeue_one(conn, message_id, record)
+            except Exception as exc:
+                if database_unavailable(exc, conn) or not transient_database_error(exc):
+                    raise
+                error = describe_error(exc)
+            log.warning("inbox_requeue_retry", message_id=message_id, attempt=tries, error=error)
+            time.sleep(backoff_delay(tries, base=TRANSIENT_BACKOFF, cap=TRANSIENT_BACKOFF_CAP))
+        return False, f"left parked as it was: {REQUEUE_TRIES} transient database errors (last: {error})"
+
+    def _requeue_one(
+        self, conn: psycopg.Connection[tuple[Any, ...]], message_id: str, record: Any
+    ) -> tuple[bool, str | None]:
+        """One parked message through its handler in a transaction of its own: (True, None) applied,
+        (False, reason) parked again, (False, None) requeued meanwhile by someone else."""
+        with conn.transaction():
+            locked = conn.execute(
+                query(QUERIES, "parked_to_requeue"),
+                {"consumer": self.inbox.consumer, "ids": [message_id], "error_like": None},
+            ).fetchone()
+            if locked is None:
+                return False, None
+            work = self._decode(record)
+            if work.missing_id is not None or work.message.message_id != message_id:
+                return False, f"its id is unusable ({work.missing_id}); left parked"
+            reason = self._handle(conn, work)
+            if reason is not None:
+                return False, reason
+            conn.execute(
+                query(QUERIES, "mark_requeued_done"),
+                {"consumer": self.inbox.consumer, "message_id": message_id},
+            )
+            return True, None
 
     @staticmethod
     def _offsets(records: list[Any]) -> list[TopicPartition]:

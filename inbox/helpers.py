@@ -16,10 +16,10 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 import tenacity
-from psycopg import errors, sql
+from psycopg import sql
 
 from relay.core.batched import delete_in_batches
-from relay.core.db import advisory_key
+from relay.core.db import advisory_key, database_unavailable, transient_database_error
 from relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -97,7 +97,11 @@ def run_serializable(
         raise ValueError("run_serializable starts its own transaction; the connection has one open")
     level = sql.SQL("SET TRANSACTION ISOLATION LEVEL " + isolation.upper())
     retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type((errors.SerializationFailure, errors.DeadlockDetected)),
+        # The statement lost a race (serialization failure, deadlock, lock timeout: the one shared rule),
+        # on a connection that is still usable; a lost connection is the caller's to handle.
+        retry=tenacity.retry_if_exception(
+            lambda exc: transient_database_error(exc) and not database_unavailable(exc, conn)
+        ),
         stop=tenacity.stop_after_attempt(attempts),
         # Full jitter, so transactions that collided once do not collide again in step.
         wait=tenacity.wait_random_exponential(multiplier=0.02, max=1.0),

@@ -9,10 +9,11 @@ statement at once (nothing waits for a timer); under heavy load one statement an
 What each request is told is exactly what happened to its own events:
 - its future resolves only after the statement holding its events has committed (autocommit: one
   statement is one transaction), so an answer of 200 still means the events are durable;
-- the statement is atomic, so when it fails nothing of it was stored. When the database is unavailable
-  every request of the group gets that error (503: the provider retries). When the database refused the
-  data (a value jsonb or the key cannot hold), each request of the group is stored again on its own, so
-  only the request that carries the bad value is refused;
+- the statement is atomic, so when it fails nothing of it was stored. When the database is unavailable or
+  the statement lost a race (a deadlock, a lock timeout: transient_database_error, after the insert's own
+  retries), every request of the group gets that error (503: the provider retries). When the database
+  refused the data (a value jsonb or the key cannot hold), each request of the group is stored again on
+  its own, so only the request that carries the bad value is refused;
 - an event that two requests of one group both carry is stored once: the first request counts it as
   stored, the other as a duplicate, as if they had come one after the other.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from inbox.webhooks.providers import IncomingEvent
-from relay.core.db import database_unavailable
+from relay.core.db import transient_database_error
 
 EventKey = tuple[str, str]  # (provider, event_id): the webhook inbox's primary key
 # Runs one INSERT of these events (one statement, committed when it returns); the keys it stored.
@@ -113,7 +114,8 @@ class GroupInsert:
         try:
             stored = await self._insert([event for waiting in group for event in waiting.events])
         except psycopg.Error as exc:
-            if len(group) == 1 or database_unavailable(exc):
+            # Only a refusal of the data is looked for request by request; a transient error is nobody's.
+            if len(group) == 1 or transient_database_error(exc):
                 for waiting in group:
                     waiting.fail(exc)
                 return

@@ -4,7 +4,9 @@ In order, and writing nothing until the last step: route; refuse a body over the
 the wrong content type (415); verify the signature on the raw body (401); parse (400); insert every event
 of the request in one statement and answer 200 once it is durable. A duplicate also gets 200. The
 database down gets 503 so the provider retries; nothing is half-written because the insert is one
-statement.
+statement. A statement that loses a race (a deadlock with another one storing the same events, a lock
+timeout: relay.core.db.transient_database_error) is run again a few times within the request, then
+answered 503 too: the provider's data is not at fault, so never 400.
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ from psycopg_pool import AsyncConnectionPool
 from inbox.webhooks.group_insert import EventKey, GroupInsert
 from inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
 from inbox.webhooks.store import INSERT_EVENTS, insert_params
-from relay.core.db import database_unavailable, describe_error
+from relay.core.backoff import backoff_delay
+from relay.core.db import database_unavailable, describe_error, transient_database_error
 from relay.core.tracing import current_trace_context
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 log = structlog.get_logger("postbox.webhooks")
+# A statement that met a transient database error is run this many times in all before the request is
+# answered 503, with a jittered wait between tries doubling from TRANSIENT_BACKOFF: a deadlock or a short
+# lock wait is usually over by then, and a provider's own retry can be hours away.
+INSERT_TRIES = 3
+TRANSIENT_BACKOFF = 0.05
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -235,6 +243,10 @@ class WebhookReceiver:
             if database_unavailable(exc):
                 log.error("webhook_database_unavailable", provider=name, error=describe_error(exc))
                 return Reply(503, {"error": "temporarily unavailable, retry later"})
+            if transient_database_error(exc):
+                # Retried already (_insert) and still losing the race, say to a lock a long transaction holds.
+                log.error("webhook_database_busy", provider=name, error=describe_error(exc))
+                return Reply(503, {"error": "temporarily unavailable, retry later"})
             # The database refused this request's data (a value jsonb or the key cannot hold): retrying
             # would fail the same way forever, so it is a 4xx, and nothing was stored (one statement).
             log.warning("webhook_event_unstorable", provider=name, error=describe_error(exc))
@@ -282,6 +294,22 @@ class WebhookReceiver:
                 return b"".join(chunks)
 
     async def _insert(self, events: Sequence[IncomingEvent]) -> set[EventKey]:
+        """_insert_once, run again after a transient database error (a lost race, not bad data), up to
+        INSERT_TRIES in all. A lost database is not retried here: the answer is 503 at once."""
+        for tries in range(1, INSERT_TRIES + 1):
+            try:
+                return await self._insert_once(events)
+            except psycopg.Error as exc:
+                if tries == INSERT_TRIES or database_unavailable(exc) or not transient_database_error(exc):
+                    raise
+                delay = backoff_delay(tries, base=TRANSIENT_BACKOFF, cap=1.0)
+                log.warning(
+                    "webhook_insert_retry", attempt=tries, error=describe_error(exc), retry_in=round(delay, 3)
+                )
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _insert_once(self, events: Sequence[IncomingEvent]) -> set[EventKey]:
         # One statement in autocommit: atomic and durable when it returns, in one round trip (an explicit
         # transaction would add BEGIN and COMMIT). The pool's connections come in autocommit with the
         # schema on their search_path (autocommit_in).

@@ -3,9 +3,12 @@
 A claim flips up to a batch of pending rows to 'processing' (and counts the attempt) in one statement and
 commits. Each row then gets a transaction of its own in which the registered handler runs and the row is
 marked done; a handler error rolls that work back and records the error, with backoff, until the attempts
-cap ends the row as failed. A worker that dies mid-event leaves its row 'processing'; the reaper (every
-worker runs it) returns such rows after the visibility timeout, and rows that keep killing their worker
-end failed once they have used their attempts.
+cap ends the row as failed. A transient database error (a deadlock, a lock timeout, a serialization
+failure: relay.core.db.transient_database_error) is not the event's fault: its work is rolled back and the
+row goes back to pending after a jittered wait without spending an attempt, and anywhere else in the loop
+such an error is retried after a wait; it never parks an event nor stops the worker. A worker that dies
+mid-event leaves its row 'processing'; the reaper (every worker runs it) returns such rows after the
+visibility timeout, and rows that keep killing their worker end failed once they have used their attempts.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from inbox.handlers import PermanentError
 from inbox.webhooks.store import WebhookStatus
 from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
-from relay.core.db import DEFAULT_SCHEMA, connect, database_unavailable, describe_error, storable_text
+from relay.core.db import (
+    DEFAULT_SCHEMA,
+    connect,
+    database_unavailable,
+    describe_error,
+    storable_text,
+    transient_database_error,
+)
 from relay.core.sql import query
 
 if TYPE_CHECKING:
@@ -33,6 +43,10 @@ if TYPE_CHECKING:
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.webhooks.worker")
+# After a transient database error, for an event sent back to pending as for the worker's loop: a jittered
+# wait that doubles from this scale while such errors follow each other, up to the cap (seconds).
+TRANSIENT_BACKOFF = 0.1
+TRANSIENT_BACKOFF_CAP = 10.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,7 @@ class WebhookWorker:
         self.reap_interval = reap_interval
         self._next_reap = 0.0
         self._last_claim: float | None = None  # when the last claim statement succeeded
+        self._transient_in_row = 0  # transient database errors since the last event done (the wait grows)
 
     def stop(self) -> None:
         self.daemon.stop()
@@ -164,9 +179,32 @@ class WebhookWorker:
     def _turn(self) -> None:
         if self._conn is None:
             self._conn = connect(self.database_url, self.hooks.schema, application_name="postbox-webhooks")
-        self._maybe_reap(self._conn)
-        if self.run_once(self._conn) < self.batch_size:
+        conn = self._conn
+        try:
+            self._maybe_reap(conn)
+            claimed = self.run_once(conn)
+        except Exception as exc:
+            # A lost database is the daemon's to handle (reconnect); anything that is not a database's
+            # transient error is a bug and stops the worker.
+            if database_unavailable(exc, conn) or not transient_database_error(exc):
+                raise
+            self._wait_after_transient(conn, exc)
+            return
+        if claimed < self.batch_size:
             self.daemon.sleep(self.poll_interval)
+
+    def _transient_delay(self) -> float:
+        self._transient_in_row += 1
+        return backoff_delay(self._transient_in_row, base=TRANSIENT_BACKOFF, cap=TRANSIENT_BACKOFF_CAP)
+
+    def _wait_after_transient(self, conn: psycopg.Connection[tuple[Any, ...]], exc: BaseException) -> None:
+        """A statement of the loop (the reaper, a claim, an event's mark) lost a race: its transaction was
+        rolled back. Events this worker had claimed and not finished stay 'processing' and come back
+        through the reaper, as after a crash."""
+        conn.rollback()  # the reaper's gauge query runs outside conn.transaction(): end it, if open
+        delay = self._transient_delay()
+        log.warning("webhook_worker_retry", error=describe_error(exc), retry_in=round(delay, 3))
+        self.daemon.sleep(delay)
 
     def _on_lost(self, _exc: BaseException) -> None:
         self._last_claim = None  # unready until a claim goes through again
@@ -243,9 +281,12 @@ class WebhookWorker:
             log.warning("webhook_event_fenced", provider=event.provider, event_id=event.event_id)
             return "fenced", "the reaper gave the event to another worker; this attempt was rolled back"
         except Exception as exc:
-            if database_unavailable(exc, conn):
-                raise
             permanent = isinstance(exc, PermanentError)
+            # A handler that says PermanentError means it, whatever database error it was raised from.
+            if not permanent and transient_database_error(exc, conn):
+                if database_unavailable(exc, conn):
+                    raise  # the daemon reconnects; the row comes back through the reaper
+                return self._release(conn, event, exc)
             reason = storable_text(f"{type(exc).__name__}: {describe_error(exc)}")
             with conn.transaction():
                 row = conn.execute(
@@ -273,9 +314,42 @@ class WebhookWorker:
                 error=reason,
             )
             return outcome, reason
+        self._transient_in_row = 0
         self.metrics.events.labels(event.provider, "done").inc()
         log.debug("webhook_event_done", provider=event.provider, event_id=event.event_id)
         return ("done", None) if handler is not None else ("unhandled", "no handler for this event type")
+
+    def _release(
+        self, conn: psycopg.Connection[tuple[Any, ...]], event: WebhookEvent, exc: BaseException
+    ) -> tuple[str, str | None]:
+        """The event's transaction was rolled back by a transient database error, which is not the
+        event's fault: back to pending after a jittered wait, without spending an attempt (counted as a
+        retry). A failure of this statement itself goes to the loop (_turn)."""
+        reason = storable_text(f"{type(exc).__name__}: {describe_error(exc)}")
+        delay = self._transient_delay()
+        with conn.transaction():
+            row = conn.execute(
+                query(QUERIES, "release_transient"),
+                {
+                    "provider": event.provider,
+                    "event_id": event.event_id,
+                    "attempts": event.attempt,
+                    "error": reason,
+                    "retry_in": timedelta(seconds=delay),
+                },
+            ).fetchone()
+        self.metrics.events.labels(event.provider, "retry").inc()
+        log.warning(
+            "webhook_event_released",
+            provider=event.provider,
+            event_id=event.event_id,
+            event_type=event.event_type,
+            attempt=event.attempt,
+            now=row[0] if row else "fenced",
+            retry_in=round(delay, 3),
+            error=reason,
+        )
+        return "retry", reason
 
 
 class _Fenced(Exception):

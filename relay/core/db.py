@@ -9,6 +9,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from relay.core.operator_errors import permanent_connect_failure
 from relay.core.redact import scrub, url_password
 
 
@@ -95,6 +96,8 @@ def database_unavailable(exc: BaseException, *conns: psycopg.Connection[Any] | N
     `program_limit_exceeded` (an index entry too large for one message id) under OperationalError, and
     that is a bad record, not a lost server. An error with no SQLSTATE is the client's (lost socket,
     failed connect); a broken connection is unavailable whatever the error says."""
+    if permanent_connect_failure(exc):  # no such database or role, a wrong password: stop, do not retry
+        return False
     if any(conn is not None and conn.broken for conn in conns):
         return True
     if not isinstance(exc, psycopg.Error):
@@ -103,6 +106,59 @@ def database_unavailable(exc: BaseException, *conns: psycopg.Connection[Any] | N
     if state is None:
         return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     return state[:2] in _UNAVAILABLE_CLASSES
+
+
+# SQLSTATEs that say "this statement lost a race, the same work run again later succeeds", with a
+# connection that is still usable. None of them says anything about the row or message being worked on,
+# so none may park one:
+_TRANSIENT_STATES = frozenset(
+    {
+        "40001",  # serialization_failure: a REPEATABLE READ/SERIALIZABLE conflict, or a hot standby
+        #           cancelling a query that conflicts with recovery; PostgreSQL's own advice is to retry
+        "40P01",  # deadlock_detected: this session was chosen to break a lock cycle with another one
+        "55P03",  # lock_not_available: lock_timeout expired, or NOWAIT met a lock someone else holds
+        "72000",  # snapshot_too_old (old_snapshot_threshold, up to PostgreSQL 16): a new snapshot works
+        # Ending the session, not just the statement (so database_unavailable also counts them, through
+        # the broken connection): the server timed out a transaction of ours, on a new connection the
+        # same work goes through.
+        "25P03",  # idle_in_transaction_session_timeout
+        "25P04",  # transaction_timeout (PostgreSQL 17)
+    }
+)
+# Not transient, although they also come from concurrency: 40002 (a deferred constraint failing at commit:
+# the data), 23505 and the other integrity errors (the data), 25P02 (a statement after a failed one in the
+# same transaction: the caller's bug). 57014 (query_canceled: statement_timeout or pg_cancel_backend) is
+# class 57, which database_unavailable counts already.
+_CAUSE_DEPTH = 8  # how far down an exception's explicit causes (raise ... from) to look
+
+
+def transient_database_error(exc: BaseException, *conns: psycopg.Connection[Any] | None) -> bool:
+    """Whether `exc` is a database error that is nobody's bad input: retry the work (the statement's
+    transaction, the batch) later, never park the row or message it was about, never stop the daemon.
+
+    True for everything database_unavailable counts (the connection, the server's resources, an operator
+    or a crash ending sessions, statement timeouts: class 57) and for the statement-level losers of a race
+    (_TRANSIENT_STATES: deadlocks, serialization failures, lock timeouts). Decided by SQLSTATE. An
+    exception raised `from` a database error (an application's handler wrapping it) is judged by that
+    error: the first psycopg error among its explicit causes."""
+    if database_unavailable(exc, *conns):
+        return True
+    error = _database_error_in(exc)
+    if error is None:
+        return False
+    return error.sqlstate in _TRANSIENT_STATES or database_unavailable(error)
+
+
+def _database_error_in(exc: BaseException) -> psycopg.Error | None:
+    """`exc` when it is a psycopg error, else the first one among its explicit causes."""
+    current: BaseException | None = exc
+    for _ in range(_CAUSE_DEPTH):
+        if current is None:
+            return None
+        if isinstance(current, psycopg.Error):
+            return current
+        current = current.__cause__
+    return None
 
 
 def describe_error(exc: BaseException) -> str:
