@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from relay.core.db import DEFAULT_SCHEMA
+from relay.core.sql import name_for_parameters
 from relay.core.tracing import current_trace_context, with_trace_context
 
 JsonValue = Any  # anything json.dumps accepts
@@ -112,7 +113,7 @@ def enqueue_many(
         "INSERT INTO {} " + _COLUMNS + " SELECT a, b, c, d, e, f, g, h FROM unnest("
         "%s::uuid[], %s::text[], %s::text[], %s::text[], %s::jsonb[], %s::bytea[], %s::jsonb[], %s::text[])"
         " WITH ORDINALITY AS u(a, b, c, d, e, f, g, h, n) ORDER BY n"
-    ).format(sql.Identifier(schema, "outbox"))
+    ).format(name_for_parameters(schema, "outbox"))
     conn_or_cursor.execute(statement, [list(c) for c in columns])
     return [row[0] for row in rows]  # type: ignore[misc]
 
@@ -134,7 +135,7 @@ def enqueue(
         aggregate_type, aggregate_id, event_type, payload, headers or {}, topic, event_id or uuid.uuid4()
     )
     statement = sql.SQL("INSERT INTO {} " + _COLUMNS + " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
-        sql.Identifier(schema, "outbox")
+        name_for_parameters(schema, "outbox")
     )
     conn_or_cursor.execute(statement, _row(event, current_trace_context()))
     return event.event_id

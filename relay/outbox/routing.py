@@ -7,13 +7,18 @@ id, value = the payload. The row's own headers (for example W3C `traceparent`) t
 
 from __future__ import annotations
 
+import json
+import os
 import re
-import string
+from pathlib import Path
 from typing import NamedTuple
 
 DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregate_type}"
-_TEMPLATE_FIELDS = {"aggregate_type", "event_type"}
 ID_HEADER = "id"
+# The only placeholders a topic template may hold, written exactly so: no format spec, conversion, index
+# or attribute (each of those would hand a row's value to a formatter).
+_PLACEHOLDER = re.compile(r"\{(aggregate_type|event_type)\}")
+_SHOWN_CHARS = 80  # at most this much of an operator's or a writer's text is quoted in a message
 
 
 class RoutingError(ValueError):
@@ -44,15 +49,6 @@ class Message(NamedTuple):
     headers: list[tuple[str, str | bytes | None]]
 
 
-def validate_topic_template(template: str) -> str:
-    """The template, or ValueError naming the fields it may use."""
-    fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    unknown = fields - _TEMPLATE_FIELDS
-    if unknown or not template:
-        raise ValueError(f"topic template {template!r} may use only {{aggregate_type}} and {{event_type}}")
-    return template
-
-
 # Kafka's own rule for a topic name (kafka.common.internals.Topic): 1-249 of these characters, not "."
 # or "..". Names beginning "__" are the cluster's internal topics (__consumer_offsets,
 # __transaction_state, ...), which no outbox row may write to.
@@ -63,22 +59,93 @@ def check_topic_name(topic: str) -> str:
     """`topic`, or RoutingError saying why Kafka would never accept it (the row is parked: no broker
     setting can make such a name usable, so holding the row back would wedge it forever)."""
     if not _LEGAL_TOPIC.fullmatch(topic) or topic in (".", ".."):
-        shown = topic if len(topic) <= 80 else topic[:80] + "..."
-        raise RoutingError(f"topic {shown!r} is not a legal Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
+        raise RoutingError(
+            f"topic {_shown(topic)!r} is not a legal Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)"
+        )
     if topic.startswith("__"):
-        raise RoutingError(f"topic {topic!r} is reserved for Kafka's internal topics")
+        raise RoutingError(f"topic {_shown(topic)!r} is reserved for Kafka's internal topics")
     return topic
 
 
-def topic_for(row: OutboxRow, template: str) -> str:
+class TopicTemplate:
+    """An operator's topic template, parsed once at start: literal text and the placeholders
+    {aggregate_type} and {event_type}. A topic is built by joining the literal parts and the row's fields,
+    never with str.format, so no value a writer stores ever reaches a formatter (a template that could
+    make one do so is refused here, before anything is claimed)."""
+
+    __slots__ = ("fields", "literals", "text")
+
+    def __init__(self, text: str) -> None:
+        parts = _PLACEHOLDER.split(text)
+        self.text = text
+        self.literals: tuple[str, ...] = tuple(parts[0::2])  # one more than fields: around each field
+        self.fields: tuple[str, ...] = tuple(parts[1::2])
+        _check_template(self)
+
+    def render(self, row: OutboxRow) -> str:
+        """The topic for a row (RoutingError when it leaves a field the template uses empty); the name is
+        checked by the caller."""
+        if not self.fields:
+            return self.text
+        built = [self.literals[0]]
+        for field, literal in zip(self.fields, self.literals[1:], strict=True):
+            value = row.aggregate_type if field == "aggregate_type" else row.event_type
+            if not value:
+                shown = _shown(self.text)
+                raise RoutingError(f"{field} is empty, and the topic template {shown!r} routes by it")
+            built.append(value)
+            built.append(literal)
+        return "".join(built)
+
+
+def _check_template(template: TopicTemplate) -> None:
+    text = template.text
+    shown = _shown(text)
+    if not text:
+        raise ValueError("the topic template is empty; it may use only {aggregate_type} and {event_type}")
+    for literal in template.literals:
+        brace = re.search(r"\{[^{}]*\}?|\}", literal)
+        if brace is not None:
+            raise ValueError(
+                f"topic template {shown!r}: {_shown(brace.group())!r} is no placeholder; it may use only "
+                "{aggregate_type} and {event_type}, written exactly so (no format spec, conversion, index "
+                "or attribute)"
+            )
+        illegal = re.search(r"[^A-Za-z0-9._-]", literal)
+        if illegal is not None:
+            raise ValueError(
+                f"topic template {shown!r}: {illegal.group()!r} can be in no Kafka topic name "
+                "(1-249 of A-Z a-z 0-9 . _ -), so no row routed by it could be published"
+            )
+    if sum(map(len, template.literals)) > 249:
+        raise ValueError(f"topic template {shown!r}: longer than a Kafka topic name can be (249 characters)")
+    if template.literals[0].startswith("__"):
+        raise ValueError(f"topic template {shown!r}: topics beginning '__' are Kafka's internal topics")
+    if not template.fields:
+        try:
+            check_topic_name(text)
+        except RoutingError as exc:
+            raise ValueError(f"topic template {shown!r}: {exc}") from None
+
+
+def validate_topic_template(template: str) -> str:
+    """The template, or ValueError saying what in it is not allowed (see TopicTemplate)."""
+    TopicTemplate(template)
+    return template
+
+
+def _shown(text: str) -> str:
+    """Text for a message: at most _SHOWN_CHARS characters of it."""
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def topic_for(row: OutboxRow, template: str | TopicTemplate) -> str:
     """The row's topic: its own `topic` column when set, else the template. RoutingError when that is
     no legal topic name, or when the template needs a field the row leaves empty."""
     if row.topic:  # NULL or '' (as before): routed by the template
         return check_topic_name(row.topic)
-    for name in ("aggregate_type", "event_type"):
-        if f"{{{name}}}" in template and not getattr(row, name):
-            raise RoutingError(f"{name} is empty, and the topic template {template!r} routes by it")
-    return check_topic_name(template.format(aggregate_type=row.aggregate_type, event_type=row.event_type))
+    parsed = template if isinstance(template, TopicTemplate) else TopicTemplate(template)
+    return check_topic_name(parsed.render(row))
 
 
 class TopicRoutes:
@@ -88,8 +155,8 @@ class TopicRoutes:
     only for fields of at most `key_chars` characters together: a writer's fields can be up to a message's
     size each, and 4,096 remembered megabyte-long types would outgrow the relay's memory limit."""
 
-    def __init__(self, template: str, limit: int = 4096, key_chars: int = 1024) -> None:
-        self._template = template
+    def __init__(self, template: str | TopicTemplate, limit: int = 4096, key_chars: int = 1024) -> None:
+        self._template = template if isinstance(template, TopicTemplate) else TopicTemplate(template)
         self._limit = limit
         self._key_chars = key_chars
         self._known: dict[tuple[str | None, str, str], str | RoutingError] = {}
@@ -127,7 +194,7 @@ def to_message(row: OutboxRow, topic: str, type_header: str | None = None) -> Me
             if name in (ID_HEADER, type_header):
                 continue  # the event id is authoritative; a user header must not forge it
             if not isinstance(value, str):
-                raise RoutingError(f"header {name!r} is not a string")
+                raise RoutingError(f"header {_shown(name)!r} is not a string")
             headers.append((name, value.encode()))
     if row.payload_bytes is not None:
         value_bytes: bytes | None = row.payload_bytes
@@ -136,3 +203,38 @@ def to_message(row: OutboxRow, topic: str, type_header: str | None = None) -> Me
     else:
         value_bytes = None  # a tombstone, as Debezium emits for a NULL payload
     return Message(topic, row.aggregate_id.encode(), value_bytes, headers)
+
+
+def load_headers(text: str) -> dict[str, object]:
+    """A row's headers from their JSON text, as stored. The relay loads them here, in the row's guarded
+    preparation, rather than when the batch is fetched: jsonb holds values Python cannot load (an integer
+    past 4,300 digits, arrays nested past the recursion limit), and a fetch that raised failed the batch."""
+    headers = json.loads(text)
+    if not isinstance(headers, dict):  # outbox_headers_object: only if that constraint was dropped
+        raise RoutingError("headers are not a JSON object")
+    return headers
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # the relay package's directory
+
+
+def raised_in(exc: BaseException) -> str:
+    """Where in postbox `exc` was raised: the innermost of its frames in the relay package, as
+    `function (file:line)`; names code only, never a value."""
+    where = "?"
+    trace = exc.__traceback__
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if code.co_filename.startswith(_PACKAGE):
+            where = f"{code.co_name} ({Path(code.co_filename).name}:{trace.tb_lineno})"
+        trace = trace.tb_next
+    return where
+
+
+def unpreparable_reason(exc: BaseException) -> str:
+    """Why a row whose preparation raised `exc` is parked. A RoutingError says it in words written never
+    to quote a payload; anything else by its class and where postbox met it, never str(exc), which may
+    quote the row's contents (a value, a format spec, a JSON fragment)."""
+    if isinstance(exc, RoutingError):
+        return str(exc)
+    return f"the row could not be made into a message: {type(exc).__name__} in {raised_in(exc).split(' ')[0]}"

@@ -24,7 +24,8 @@ from relay.core.settings import (
     shared_metrics_address,
     shared_schema,
 )
-from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, validate_topic_template
+from relay.core.sql import check_schema_name
+from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, ID_HEADER, validate_topic_template
 
 # The relay's safety rests on these producer settings; a pass-through value may not weaken them.
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
@@ -42,6 +43,17 @@ def mode_to_follow(outbox_in_log_mode: bool, shards_behind_switch: int) -> str:
     until every shard's log is read to the switch (a queue relay cannot read it, and refuses to start);
     queue otherwise."""
     return "log" if outbox_in_log_mode or shards_behind_switch else "queue"
+
+
+def check_schema_setting(settings: Settings) -> None:
+    """SettingsError naming --schema when postbox cannot keep its tables in a schema of that name."""
+    schema = getattr(settings, "schema", None)
+    if schema is None:
+        return
+    try:
+        check_schema_name(schema)
+    except ValueError as exc:
+        raise SettingsError(f"{settings.label('schema')}: {exc}") from None
 
 
 def _default_relay_id() -> str:
@@ -206,10 +218,16 @@ class RelaySettings(Settings):
                 f"{self.label('relay_id')}: {self.relay_id!r} must be 1-48 of A-Z a-z 0-9 _ . : - "
                 "(it names the relay's sessions in pg_stat_activity)"
             )
+        check_schema_setting(self)
         try:
             validate_topic_template(self.topic_template)
         except ValueError as exc:
             raise SettingsError(f"{self.label('topic_template')}: {exc}") from None
+        if self.event_type_header == ID_HEADER or "\x00" in self.event_type_header:
+            raise SettingsError(
+                f"{self.label('event_type_header')}: {self.event_type_header!r} cannot name the event type's "
+                f"header (the {ID_HEADER!r} header carries the event id consumers deduplicate on; no NUL)"
+            )
         for key, required in _REQUIRED_PRODUCER.items():
             given = self.kafka_config.get(key)
             if given is not None and given.lower() != required:
@@ -257,6 +275,9 @@ class PruneSettings(DatabaseSettings):
         renamed=(Renamed("POSTBOX_PRUNE_BATCH_SIZE"),),
     )
 
+    def check(self) -> None:
+        check_schema_setting(self)
+
 
 @dataclass(frozen=True, kw_only=True)
 class MigrateSettings(DatabaseSettings):
@@ -270,3 +291,6 @@ class MigrateSettings(DatabaseSettings):
         "each row claimed and marked); an existing outbox keeps its mode (`postbox relay switch-mode`)",
         choices=("log", "queue"),
     )
+
+    def check(self) -> None:
+        check_schema_setting(self)
