@@ -24,6 +24,9 @@ ALTER SCHEMA :"schema" OWNER TO postbox_migrator;
 SELECT format('ALTER TABLE %I.%I OWNER TO postbox_migrator', schemaname, tablename)
 FROM pg_tables WHERE schemaname = :'schema'
 \gexec
+SELECT format('ALTER VIEW %I.%I OWNER TO postbox_migrator', schemaname, viewname)
+FROM pg_views WHERE schemaname = :'schema'
+\gexec
 SELECT format('ALTER FUNCTION %s OWNER TO postbox_migrator', p.oid::regprocedure)
 FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = :'schema'
 \gexec
@@ -40,13 +43,15 @@ GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, paylo
 
 -- The relay: reads and marks outbox rows, keeps its shard leases and membership; nothing else. It may
 -- end sessions of its own role (how a replica that takes over fences a paused one), which needs no grant.
-GRANT SELECT, UPDATE (state, published_at, attempts, last_error) ON :"schema".outbox TO postbox_relay;
+GRANT SELECT, UPDATE (state, published_at, attempts, last_error, held_for) ON :"schema".outbox TO postbox_relay;
 GRANT SELECT, UPDATE ON :"schema".outbox_shard_lease TO postbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox_relay;
 -- Log mode: takes ticks (and deletes those every cursor has passed) and moves its cursors.
 GRANT SELECT, INSERT, DELETE ON :"schema".outbox_tick TO postbox_relay;
 GRANT SELECT, UPDATE ON :"schema".outbox_cursor TO postbox_relay;
 GRANT SELECT ON :"schema".outbox_mode TO postbox_relay;
+-- The stranded-rows check (migration 0009): committed rows no cursor will reach.
+GRANT SELECT ON :"schema".outbox_stranded TO postbox_relay;
 -- The outbox's partitions (migration 0007): created ahead, emptied and dropped by a function that runs
 -- as its owner (the migrator), so the relay needs no ownership, DDL right or TRUNCATE of its own.
 GRANT EXECUTE ON FUNCTION :"schema".outbox_maintain_partitions(bigint, interval) TO postbox_relay;

@@ -12,23 +12,61 @@ import psycopg
 from relay.core.batched import delete_in_batches
 from relay.core.migrate import Migration, migrate
 from relay.core.sql import query
-from relay.outbox.log_reader import shards_behind_switch, take_tick
+from relay.outbox.log_reader import log_started, shards_behind_switch, take_tick
 
 QUERIES = Path(__file__).with_name("queries.sql")
 
 
 @dataclass(frozen=True)
+class LogBacklog:
+    rows: int  # logged rows not yet published (a window being read counts until it is finished)
+    oldest_seconds: float
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Committed rows no relay will ever read (see queries.sql, stranded_rows)."""
+
+    rows: int
+    first_ids: list[int]  # the lowest few, to name in `postbox relay status`
+
+
+def stranded(conn: psycopg.Connection[tuple[object, ...]], show: int = 10) -> Stranded:
+    found = conn.execute(query(QUERIES, "stranded_rows"), {"show": show}).fetchone()
+    assert found is not None
+    ids = found[1]
+    assert isinstance(ids, list)
+    return Stranded(int(str(found[0])), [int(str(i)) for i in ids])
+
+
+@dataclass(frozen=True)
 class Status:
-    backlog: int
-    oldest_pending_seconds: float
+    pending: int  # rows to claim (queue mode's, and requeued or queued ones in either mode)
+    oldest_pending_seconds: float  # of those
     failed: int  # rows parked: in state failed
     unowned_shards: int
     owners: list[tuple[str, int, float]]  # (relay id, shards held, seconds until the earliest expiry)
     partitions: int  # the outbox's partitions by txid, besides outbox_default and outbox_parked
     partitions_finished: int  # of which finished: every row published or read, waiting for the retention
+    # The census: what reads every partition of the outbox (a daemon takes it less often than the rest).
+    stranded: Stranded | None = None  # committed rows no relay will ever read (None: not counted)
+    log: LogBacklog | None = None  # logged rows not yet read (None: not counted, or never in log mode)
+
+    @property
+    def backlog(self) -> int:
+        """Every row still to publish: pending, logged and unread, and stranded (which never will be)."""
+        stranded = self.stranded.rows if self.stranded else 0
+        return self.pending + (self.log.rows if self.log else 0) + stranded
+
+    @property
+    def oldest_unpublished_seconds(self) -> float:
+        return max(self.oldest_pending_seconds, self.log.oldest_seconds if self.log else 0.0)
 
 
-def status(conn: psycopg.Connection[tuple[object, ...]]) -> Status:
+def status(conn: psycopg.Connection[tuple[object, ...]], *, census: bool = True) -> Status:
+    """Where the outbox stands. `census`: count the stranded rows and the log's unread ones too; both
+    read every partition of the outbox (and the log count every unread row), so a daemon takes the census
+    less often (Relay._refresh_backlog_gauges)."""
     backlog = conn.execute(query(QUERIES, "backlog")).fetchone()
     unowned = conn.execute(query(QUERIES, "unowned_shards")).fetchone()
     assert backlog is not None
@@ -46,6 +84,8 @@ def status(conn: psycopg.Connection[tuple[object, ...]]) -> Status:
         owners,
         int(str(partitions[0])),
         int(str(partitions[1])),
+        stranded(conn) if census else None,
+        log_backlog(conn) if census and log_started(conn) else None,
     )
 
 
@@ -71,6 +111,16 @@ def requeue(
         return sorted(int(str(r[0])) for r in rows)
 
 
+def requeue_stranded(conn: psycopg.Connection[tuple[object, ...]]) -> list[int]:
+    """Put the stranded rows (logged where no relay will read them: stranded_rows) in the queue, which
+    relays claim in either mode; returns their ids."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('postbox.rebase', 'on', true)")  # let them leave the log
+        rows = conn.execute(query(QUERIES, "requeue_stranded")).fetchall()
+        conn.execute("SELECT set_config('postbox.rebase', 'off', true)")
+        return sorted(int(str(r[0])) for r in rows)
+
+
 class SwitchRefused(RuntimeError):
     """The outbox could not be locked for a switch of modes in time (relays or writers hold it)."""
 
@@ -81,12 +131,6 @@ class LogProgress:
     oldest_open_transaction_seconds: float
     cursor_lag_seconds: dict[int, float]  # shard -> behind the newest tick; only shards ever switched
     shards_behind_switch: int  # after a switch back to queue mode: shards whose log is not read to it
-
-
-@dataclass(frozen=True)
-class LogBacklog:
-    rows: int  # logged rows not yet published (a window being read counts until it is finished)
-    oldest_seconds: float
 
 
 def log_progress(conn: psycopg.Connection[tuple[object, ...]]) -> LogProgress:
@@ -128,6 +172,8 @@ def switch_mode(
             ) from None
         conn.execute("SELECT set_config('lock_timeout', '0', true)")
         conn.execute(query(QUERIES, "log_switch_to_log" if mode == "log" else "log_switch_to_queue"))
+        # Writers' rows must take the new mode's state and no other (migration 0009's insert guard).
+        conn.execute(query(QUERIES, "guard_writes"), {"state": "logged" if mode == "log" else "pending"})
         _, newest = take_tick(conn, schema, 0.0, wait=True)
         assert newest is not None
         tick = newest
@@ -135,6 +181,67 @@ def switch_mode(
             conn.execute(query(QUERIES, "log_start_cursors"), {"tick": tick})
         conn.execute(query(QUERIES, "log_record_switch"), {"mode": mode, "tick": tick})
         return tick
+
+
+MOVED_DATABASE_HELP = "run `postbox relay rebase` once, with the relays stopped (README: Moving the database)"
+
+
+def foreign_log(conn: psycopg.Connection[tuple[object, ...]]) -> str | None:
+    """Why the outbox's log does not belong to this cluster (restored or replicated from another: its
+    ticks were taken at a transaction counter this cluster has not reached), or None when it does."""
+    found = conn.execute(query(QUERIES, "foreign_ticks")).fetchone()
+    if found is None:
+        return None
+    tick, taken_at, here = found
+    return (
+        f"the outbox's log was written on another cluster: tick {tick} was taken at transaction {taken_at}, "
+        f"and this cluster's counter stands at {here}; its snapshots would take every row written here for "
+        f"long read, so no relay may read it: {MOVED_DATABASE_HELP}"
+    )
+
+
+class NothingToRebase(RuntimeError):
+    """`postbox relay rebase` on an outbox whose log belongs to this cluster."""
+
+
+@dataclass(frozen=True)
+class Rebased:
+    queued: int  # logged rows handed to the queue (unread, or not known to be read)
+    published: int  # logged rows the old cluster had published
+    tick: int  # the new log's first tick
+
+
+def rebase(conn: psycopg.Connection[tuple[object, ...]], schema: str, lock_timeout: float = 5.0) -> Rebased:
+    """After the database moved to another cluster (dump and restore, logical replication, a blue/green
+    switch): restart the outbox's log on this cluster's transaction counter, in one transaction that holds
+    the outbox locked (writers wait; the relays must be stopped, SwitchRefused otherwise). Every logged
+    row leaves the log: to the queue (pending; relays claim those first, in id order, in either mode)
+    unless the old cluster's own cursors say it was published; then the old ticks are forgotten, and
+    every cursor starts at a tick taken here."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
+        try:
+            conn.execute(query(QUERIES, "log_switch_lock"))
+        except psycopg.errors.LockNotAvailable:
+            raise SwitchRefused(
+                f"could not lock the outbox within {lock_timeout:g} s: stop the relays first"
+            ) from None
+        conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        if foreign_log(conn) is None:
+            raise NothingToRebase(
+                "the outbox's log belongs to this cluster: nothing to rebase (stranded rows, if `postbox "
+                "relay status` shows any, go back with `postbox relay requeue --stranded`)"
+            )
+        # The write guard (migration 0009) lets logged rows leave the log in this transaction only.
+        conn.execute("SELECT set_config('postbox.rebase', 'on', true)")
+        states = [str(r[0]) for r in conn.execute(query(QUERIES, "rebase_unread_to_queue"))]
+        conn.execute(query(QUERIES, "rebase_forget_ticks"))
+        _, tick = take_tick(conn, schema, 0.0, wait=True)
+        assert tick is not None
+        conn.execute(query(QUERIES, "rebase_cursors"), {"tick": tick})
+        conn.execute(query(QUERIES, "rebase_mode"), {"tick": tick})
+        conn.execute("SELECT set_config('postbox.rebase', 'off', true)")
+        return Rebased(states.count("pending"), states.count("published"), tick)
 
 
 def migrate_schema(
@@ -204,3 +311,15 @@ def maintain_partitions(
         ).fetchone()
     assert found is not None
     return PartitionUpkeep(*(int(str(v or 0)) for v in found))
+
+
+def held_aggregates(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[int, str, str]]:
+    """(shard, aggregate id, topic) of every aggregate log mode holds for a topic (relay.outbox.held)."""
+    return [(int(str(s)), str(a), str(t)) for s, a, t in conn.execute(query(QUERIES, "held_aggregates"))]
+
+
+def requeue_held(conn: psycopg.Connection[tuple[object, ...]], topic: str) -> list[int]:
+    """The rows held for `topic` (which now takes messages) back to the queue; their ids."""
+    with conn.transaction():
+        rows = conn.execute(query(QUERIES, "requeue_held"), {"topic": topic}).fetchall()
+    return sorted(int(str(r[0])) for r in rows)

@@ -30,6 +30,12 @@ def add_relay_commands(commands: Any) -> None:
     requeue.add_argument("--event-type")
     requeue.add_argument("--error-like", help="SQL LIKE pattern on the recorded error")
     requeue.add_argument("--all", action="store_true", help="requeue every failed row")
+    requeue.add_argument(
+        "--stranded",
+        action="store_true",
+        help="queue the stranded rows instead: committed, but logged where no relay reads the log "
+        "(`postbox relay status` names them)",
+    )
     requeue.set_defaults(handler=_cmd_requeue)
 
     switch = sub.add_parser(
@@ -39,6 +45,14 @@ def add_relay_commands(commands: Any) -> None:
     add_flags(switch, DatabaseSettings)
     switch.add_argument("mode", choices=["log", "queue"])
     switch.set_defaults(handler=_cmd_switch_mode)
+
+    rebase = sub.add_parser(
+        "rebase",
+        help="after the database moved to another cluster (dump and restore, logical replication): "
+        "restart the outbox's log on this cluster, queueing every row not known to be published",
+    )
+    add_flags(rebase, DatabaseSettings)
+    rebase.set_defaults(handler=_cmd_rebase)
 
     prune = sub.add_parser("prune", help="delete published rows older than a retention, in small batches")
     add_flags(prune, PruneSettings)
@@ -98,23 +112,36 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
 def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     from relay.core.db import connect  # noqa: PLC0415
     from relay.core.sql import query  # noqa: PLC0415
-    from relay.outbox.admin import QUERIES, log_backlog, log_progress, status  # noqa: PLC0415
-    from relay.outbox.log_reader import log_started  # noqa: PLC0415
+    from relay.outbox.admin import QUERIES, foreign_log, log_progress, status  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         st = status(conn)
-        progress = log_progress(conn) if log_started(conn) else None
-        unread = log_backlog(conn) if progress is not None else None
+        progress = log_progress(conn) if st.log is not None else None
+        moved = foreign_log(conn)
         failed = conn.execute(query(QUERIES, "failed_rows"), {"limit": args.show_failed}).fetchall()
+    if moved is not None:
+        print(f"NOT PUBLISHING: {moved}")
+    # The first line counts every row still to publish, whichever the mode (the breakdown follows).
     print(f"backlog            {st.backlog} rows")
-    print(f"oldest unpublished {st.oldest_pending_seconds:.1f} s")
+    print(f"oldest unpublished {st.oldest_unpublished_seconds:.1f} s")
+    print(f"  pending          {st.pending} rows (claimed row by row)")
+    if st.log is not None:
+        print(
+            f"  log unpublished  {st.log.rows} rows (logged, not yet read; "
+            f"the oldest {st.log.oldest_seconds:.1f} s)"
+        )
+    stranded = st.stranded
+    assert stranded is not None  # status() takes the census unless told not to
+    print(f"  stranded         {stranded.rows} rows (committed, but where no relay reads the log)")
+    if stranded.rows:
+        shown = ", ".join(map(str, stranded.first_ids))
+        more = " ..." if stranded.rows > len(stranded.first_ids) else ""
+        print(f"    ids {shown}{more}: `postbox relay requeue --stranded` queues them")
     print(f"failed             {st.failed} rows")
     print(f"unowned shards     {st.unowned_shards} of 64")
     print(f"partitions         {st.partitions}, {st.partitions_finished} finished (emptied by pruning)")
     for owner, count, expires in st.owners:
         print(f"  {owner:40} {count:3} shards, lease ends in {expires:.1f} s")
-    if unread is not None:
-        print(f"log unpublished    {unread.rows} rows, the oldest {unread.oldest_seconds:.1f} s old")
     if progress is not None:
         lag = max(progress.cursor_lag_seconds.values(), default=0.0)
         print(f"log newest tick    {progress.tick_age_seconds:.1f} s ago")
@@ -130,19 +157,28 @@ def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.Argume
 
 
 def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    if not (args.ids or args.aggregate_type or args.event_type or args.error_like or args.all):
-        parser.error("say which failed rows: --id, --aggregate-type, --event-type, --error-like, or --all")
+    filters = args.ids or args.aggregate_type or args.event_type or args.error_like or args.all
+    if args.stranded and filters:
+        parser.error("--stranded queues the stranded rows; it takes no filter of the failed rows")
+    if not (filters or args.stranded):
+        parser.error(
+            "say which failed rows: --id, --aggregate-type, --event-type, --error-like, or --all "
+            "(or --stranded for the stranded rows)"
+        )
     from relay.core.db import connect  # noqa: PLC0415
-    from relay.outbox.admin import requeue  # noqa: PLC0415
+    from relay.outbox.admin import requeue, requeue_stranded  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
-        ids = requeue(
-            conn,
-            ids=args.ids,
-            aggregate_type=args.aggregate_type,
-            event_type=args.event_type,
-            error_like=args.error_like,
-        )
+        if args.stranded:
+            ids = requeue_stranded(conn)
+        else:
+            ids = requeue(
+                conn,
+                ids=args.ids,
+                aggregate_type=args.aggregate_type,
+                event_type=args.event_type,
+                error_like=args.error_like,
+            )
     print(f"requeued {len(ids)} rows" + (f": {', '.join(map(str, ids[:50]))}" if ids else ""))
     return 0
 
@@ -168,6 +204,24 @@ def _cmd_switch_mode(args: argparse.Namespace, settings: Any, parser: argparse.A
             "they read the rest of the log in log mode, then go on in queue mode (pinned ones: --mode log "
             "until `postbox relay status` no longer shows the log unread to the switch, then --mode queue)"
         )
+    return 0
+
+
+def _cmd_rebase(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
+    from relay.core.db import connect  # noqa: PLC0415
+    from relay.outbox.admin import NothingToRebase, SwitchRefused, rebase  # noqa: PLC0415
+
+    with connect(settings.database_url, settings.schema) as conn:
+        try:
+            done = rebase(conn, settings.schema)
+        except (SwitchRefused, NothingToRebase) as exc:
+            print(f"not rebased: {exc}")
+            return 1
+    print(
+        f"the outbox's log starts again at tick {done.tick} on this cluster: {done.queued} rows queued "
+        f"(unread, or not known to be read: published again at worst), {done.published} marked published; "
+        "start the relays"
+    )
     return 0
 
 

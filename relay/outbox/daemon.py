@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from operator import attrgetter
 from pathlib import Path
@@ -29,14 +29,16 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 import tenacity
+from psycopg.types.string import TextLoader
 
 from relay.core.backoff import backoff_delay
 from relay.core.daemon import Daemon
-from relay.core.db import advisory_key, database_unavailable, describe_error
+from relay.core.db import advisory_key, describe_error, transient_database_error
 from relay.core.sql import query
 from relay.core.tracing import TRACING_OFF, Tracing
 from relay.outbox import admin
 from relay.outbox.errors import Disposition
+from relay.outbox.held import HeldAggregates
 from relay.outbox.lane_turns import LaneTurns
 from relay.outbox.leases import LeaseKeeper
 from relay.outbox.log_reader import (
@@ -50,7 +52,16 @@ from relay.outbox.log_reader import (
 from relay.outbox.metrics import RelayMetrics
 from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from relay.outbox.publisher import Publisher, Sending
-from relay.outbox.routing import Message, OutboxRow, RoutingError, TopicRoutes, to_message
+from relay.outbox.routing import (
+    Message,
+    OutboxRow,
+    RoutingError,
+    TopicRoutes,
+    load_headers,
+    raised_in,
+    to_message,
+    unpreparable_reason,
+)
 from relay.outbox.settings import RelaySettings, mode_to_follow
 from relay.outbox.shares import split_lanes
 
@@ -63,6 +74,7 @@ NOTIFY_CHANNEL = "postbox_outbox"
 UNROUTABLE = "(unroutable)"
 log = structlog.get_logger("postbox.relay")
 _ID, _AGGREGATE_ID, _SHARD = attrgetter("id"), attrgetter("aggregate_id"), attrgetter("shard")
+CENSUS_SECONDS = 10.0  # the least seconds between two censuses (Relay._refresh_backlog_gauges)
 HELD_IN_SHARD = Delivery(Disposition.RETRY, "held back behind an earlier row of its shard (log mode)")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -117,6 +129,8 @@ class TopicGate:
 
     def mark_good(self, topic: str) -> None:
         with self._lock:
+            if len(self.good) >= 4096:  # writers choose topics: a bounded memory, checked again when cleared
+                self.good.clear()
             self.good.add(topic)
 
     def reasons(self) -> dict[str, str]:
@@ -170,9 +184,15 @@ class Relay:
             "relay", stall_limit=max(60.0, 2 * settings.delivery_timeout + 30), backoff=self._backoff
         )
         self._topics = TopicGate()
+        self._held = HeldAggregates()  # log mode: aggregates waiting for a blocked topic
+        self._held_shards: frozenset[int] | None = None  # the shards owned when it was last loaded
+        self._next_held_reload = 0.0
         self._routes = TopicRoutes(settings.topic_template)
         self._lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
         self._next_prune = 0.0
+        self._next_census = 0.0  # when the census may be taken again (monotonic)
+        self._census: admin.Status | None = None  # the last status with a census
+        self._stranded_seen = 0  # logged once per change
         self.connected = False
         self._batch_conns: list[Connection] = []  # one per lane
         self._lease_conn: Connection | None = None
@@ -238,7 +258,10 @@ class Relay:
 
     def _lost(self, exc: BaseException) -> bool:
         """The relay goes on after losing its database, or while another replica holds its relay id."""
-        return isinstance(exc, RelayIdInUse) or database_unavailable(exc, *self._connections())
+        # A statement that lost a race (a deadlock, a lock or statement timeout) is nobody's bad input
+        # either: the relay starts over on new connections, its rows still pending or its cursors where
+        # they were (duplicates at most).
+        return isinstance(exc, RelayIdInUse) or transient_database_error(exc, *self._connections())
 
     def _backoff(self, losses: int) -> float:
         # Waiting for our relay id is waiting for a lease to lapse (or a stale session to be ended): look
@@ -261,6 +284,7 @@ class Relay:
         for conn in self._batch_conns:
             conn.execute(query(QUERIES, "lane_session"))
             conn.commit()
+            _headers_as_text(conn)
         self._lease_conn = self._connect(True)
         self._lock_relay_id(self._lease_conn)
         self._waiting_for_id = None
@@ -293,6 +317,9 @@ class Relay:
         pinned mode: refuse one that would leave rows unread (a queue relay on a log-mode outbox never
         reads the log; a log relay on an outbox never switched has no cursors). A switch waits only for
         open batches, so an idle relay, or one cut off from the database, finds it here."""
+        foreign = admin.foreign_log(conn)
+        if foreign is not None:
+            raise RelayConfigurationError(foreign)
         in_log_mode = outbox_in_log_mode(conn)
         started = log_started(conn)
         behind = shards_behind_switch(conn) if started else 0
@@ -435,6 +462,7 @@ class Relay:
             self.metrics.leases_lost.inc(self.leases.lost_in_last_tick)
             assert self._lease_conn is not None
             self._check_mode(self._lease_conn)
+            self._refresh_held(frozenset(owned))
             self._refresh_backlog_gauges()
             self._maintain_partitions()
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
@@ -546,52 +574,11 @@ class Relay:
             # past empty windows.
             conn.commit()
             return None
-        rows = [OutboxRow._make(r[:-1]) for r in result]
         claimed = int(result[0][-1])  # rows the claim took; more than len(rows) when cut at the byte budget
-        deliveries: list[Delivery | None] = [None] * len(rows)
-        topics: list[str] = []
-        for index, row in enumerate(rows):
-            if row.size > max_message:  # its payload was never loaded (see claim_batch)
-                topics.append(UNROUTABLE)
-                deliveries[index] = Delivery(
-                    Disposition.PARK,
-                    f"message too large: {row.size} bytes, over the producer's message.max.bytes "
-                    f"({max_message}); not loaded",
-                )
-                continue
-            try:
-                topics.append(self._routes.topic(row))
-            except RoutingError as exc:
-                topics.append(UNROUTABLE)
-                deliveries[index] = Delivery(Disposition.PARK, str(exc))
-        sent: list[int] = []
-        messages: list[Message] = []
-        # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
-        # batch transaction.
-        verdicts: dict[str, Delivery | None] = {}
-        # Log mode: a shard's cursor cannot pass a row held back before sending, so its later rows in this
-        # page are not sent either (they would be read and sent again with it).
-        held_shards: set[int] = set()
-        for index, (row, topic) in enumerate(zip(rows, topics, strict=True)):
-            if deliveries[index] is not None:
-                continue
-            if row.shard in held_shards:
-                deliveries[index] = HELD_IN_SHARD
-                continue
-            if topic not in verdicts:
-                verdicts[topic] = self._check_topic(topic, self._keep_leases)
-            gate = verdicts[topic]
-            if gate is not None:
-                deliveries[index] = gate
-                if log_page is not None:
-                    held_shards.add(row.shard)
-                continue
-            try:
-                messages.append(to_message(row, topic, self.settings.event_type_header))
-                sent.append(index)
-            except RoutingError as exc:
-                deliveries[index] = Delivery(Disposition.PARK, str(exc))
-        spans = self._spans.start([rows[i] for i in sent], messages) if self._spans and messages else None
+        rows, topics, deliveries, sent, messages = self._prepare(result, log_page, max_message)
+        spans = None
+        if self._spans is not None and messages:
+            spans, messages = self._start_spans(rows, sent, messages, deliveries)
         sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
         return InFlight(
             conn,
@@ -609,6 +596,101 @@ class Relay:
             spans,
             log_page,
         )
+
+    def _prepare(
+        self, result: list[tuple[Any, ...]], log_page: LogPage | None, max_message: int
+    ) -> tuple[list[OutboxRow], list[str], list[Delivery | None], list[int], list[Message]]:
+        """The claimed records as rows, each row's topic, what is known of each row before sending (parked,
+        held back, a blocked topic; None for a row to send), and the messages to send with their rows'
+        indexes."""
+        make, routes, type_header = OutboxRow._make, self._routes, self.settings.event_type_header
+        held = self._held
+        rows: list[OutboxRow] = []
+        topics: list[str] = []
+        deliveries: list[Delivery | None] = []  # known before sending: why a row is not sent
+        sent: list[int] = []
+        messages: list[Message] = []
+        # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
+        # batch transaction.
+        verdicts: dict[str, Delivery | None] = {}
+        # Log mode: a shard's cursor cannot pass a row held back before sending, so its later rows in this
+        # page are not sent either (they would be read and sent again with it).
+        held_shards: set[int] = set()
+        for index, record in enumerate(result):
+            # The row's preparation, one guarded step: whatever a writer stored, any exception while
+            # turning the row into a message (headers, size, routing, templating, encoding) parks this row
+            # alone, with a reason that quotes none of its contents. The record is the claim's: its
+            # headers are still JSON text (loaded here, not by the fetch).
+            try:
+                headers = record[7]
+                if headers is None:
+                    row = make(record[:-1])
+                else:
+                    row = make((*record[:7], load_headers(headers), *record[8:-1]))
+                if row.size > max_message:  # its payload was never loaded (see claim_batch)
+                    raise RoutingError(
+                        f"message too large: {row.size} bytes, over the producer's message.max.bytes "
+                        f"({max_message}); not loaded"
+                    )
+                topic = routes.topic(row)
+                message = to_message(row, topic, type_header)
+            except Exception as exc:  # noqa: BLE001 - the row is parked whatever it raised
+                row = make((*record[:7], None, *record[8:-1]))
+                rows.append(row)
+                topics.append(UNROUTABLE)
+                deliveries.append(_unpreparable(row, exc))
+                continue
+            rows.append(row)
+            topics.append(topic)
+            if log_page is not None:
+                # Log mode holds an aggregate, not its shard, while its events wait for a topic.
+                waits = held.waits_for(row.shard, row.aggregate_id)
+                if waits is not None:
+                    deliveries.append(Delivery(Disposition.HOLD, _held_behind(waits), waits))
+                    continue
+            if row.shard in held_shards:
+                deliveries.append(HELD_IN_SHARD)
+                continue
+            if topic not in verdicts:
+                verdicts[topic] = self._check_topic(topic, self._keep_leases)
+            gate = verdicts[topic]
+            if gate is not None and log_page is not None and gate.disposition is Disposition.TOPIC_BLOCKED:
+                held.hold(row.shard, row.aggregate_id, topic)
+                deliveries.append(Delivery(Disposition.HOLD, f"held: {gate.reason}", topic))
+                continue
+            deliveries.append(gate)
+            if gate is not None:
+                if log_page is not None:
+                    held_shards.add(row.shard)
+                continue
+            messages.append(message)
+            sent.append(index)
+        return rows, topics, deliveries, sent, messages
+
+    def _start_spans(
+        self,
+        rows: list[OutboxRow],
+        sent: list[int],
+        messages: list[Message],
+        deliveries: list[Delivery | None],
+    ) -> tuple[list[Any], list[Message]]:
+        """A publish span per message (tracing on), the last part of a row's preparation: it needs the
+        topic's verdict, so it runs after the batch's guarded step, under the same rule (a row whose span
+        cannot be started is parked and not sent). `sent` is trimmed in place to the messages returned."""
+        assert self._spans is not None
+        spans: list[Any] = []
+        kept: list[Message] = []
+        kept_rows: list[int] = []
+        for index, message in zip(sent, messages, strict=True):
+            try:
+                spans.append(self._spans.start((rows[index],), (message,))[0])
+            except Exception as exc:  # noqa: BLE001 - the row is parked whatever it raised
+                deliveries[index] = _unpreparable(rows[index], exc)
+                continue
+            kept.append(message)
+            kept_rows.append(index)
+        sent[:] = kept_rows
+        return spans, kept
 
     def _claim(
         self, conn: Connection, lane: list[int], params: dict[str, Any]
@@ -648,7 +730,9 @@ class Relay:
             states = [outcome.rows[i].state for i in sent]
             self._spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
         for index, delivery in enumerate(final):
-            if delivery.disposition is Disposition.TOPIC_BLOCKED:
+            if delivery.disposition is Disposition.TOPIC_BLOCKED or (
+                delivery.disposition is Disposition.HOLD and delivery.held_for == batch.topics[index]
+            ):
                 row = rows[index]
                 self._topics.block(
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
@@ -685,7 +769,46 @@ class Relay:
             if self.publisher.check_topic(topic, self._keep_leases, patient=False) is None:
                 self._topics.unblock(topic)
                 log.info("relay_topic_unblocked", topic=topic)
+                self._release_held(topic)
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
+
+    def _report_stranded(self, stranded: admin.Stranded) -> None:
+        self.metrics.stranded_rows.set(stranded.rows)
+        if stranded.rows != self._stranded_seen:  # logged once per change
+            self._stranded_seen = stranded.rows
+            if stranded.rows:
+                log.error(
+                    "relay_rows_stranded",
+                    rows=stranded.rows,
+                    first_ids=stranded.first_ids,
+                    help="`postbox relay status` names them; `postbox relay requeue --stranded` queues them",
+                )
+
+    def _refresh_held(self, owned: frozenset[int]) -> None:
+        """At a lease renewal (no batch open) where shards changed hands, and every CENSUS_SECONDS: the
+        aggregates held for a topic as the database has them, and the held rows of a topic that takes
+        messages by now back in the queue, those of one that does not watched as blocked. A relay that
+        starts, or takes shards over, finds the held rows of another here."""
+        assert self._lease_conn is not None
+        if owned == self._held_shards and time.monotonic() < self._next_held_reload:
+            return
+        self._held_shards, self._next_held_reload = owned, time.monotonic() + CENSUS_SECONDS
+        self._held.load(admin.held_aggregates(self._lease_conn))
+        for topic in self._held.topics() - self._topics.reasons().keys():
+            verdict = self.publisher.check_topic(topic, self._keep_leases, patient=False)
+            if verdict is None:
+                self._release_held(topic)
+            else:
+                self._topics.block(topic, verdict.reason or "not usable", None)
+
+    def _release_held(self, topic: str) -> None:
+        """The topic takes messages: its held rows go back to the queue (claimed in id order, before their
+        shards' logs), forgotten here first so that no new row is held for it meanwhile."""
+        assert self._lease_conn is not None
+        self._held.release(topic)
+        requeued = admin.requeue_held(self._lease_conn, topic)
+        if requeued:
+            log.info("relay_held_rows_requeued", topic=topic, rows=len(requeued))
 
     def _record(self, batch: InFlight, outcome: BatchOutcome, marked: int, acked_at: float) -> None:
         committed_at = time.time()
@@ -709,13 +832,13 @@ class Relay:
                     published[topic] += 1
                     waited.append(max(0.0, acked_at - row.created_epoch))
                 elif row_outcome.state is RowState.FAILED:
-                    self.metrics.failed.labels(topic).inc()
+                    self.metrics.failed.labels(self.metrics.topic_label(topic)).inc()
                     log.error(
                         "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
                     )
             self.metrics.commit_to_ack.observe_many(waited)
         for topic, count in published.items():
-            self.metrics.published.labels(topic).inc(count)
+            self.metrics.published.labels(self.metrics.topic_label(topic)).inc(count)
         self.metrics.retried.inc(outcome.retried)
         self.metrics.batch_rows.observe(len(batch.rows))
         self.metrics.batch_seconds.observe(seconds)
@@ -752,9 +875,23 @@ class Relay:
 
     def _refresh_backlog_gauges(self) -> None:
         assert self._lease_conn is not None
-        current = admin.status(self._lease_conn)
+        # The census (stranded rows, the log's unread ones) reads every partition, and every unread row:
+        # at most every CENSUS_SECONDS, and on a large backlog at most about 2% of the lease connection's
+        # time. Its statements also lock every partition, which each time makes pruning's drop of a
+        # finished partition wait. The figures shown meanwhile are the last census's.
+        census = time.monotonic() >= self._next_census
+        started = time.monotonic()
+        current = admin.status(self._lease_conn, census=census)
+        if census:
+            self._census = current
+            taken = time.monotonic() - started
+            self._next_census = time.monotonic() + max(CENSUS_SECONDS, 50 * taken)
+        stranded = self._census.stranded if self._census else None
+        current = replace(current, stranded=stranded, log=self._census.log if self._census else None)
         self.metrics.backlog_rows.set(current.backlog)
-        self.metrics.oldest_pending_seconds.set(current.oldest_pending_seconds)
+        self.metrics.oldest_pending_seconds.set(current.oldest_unpublished_seconds)
+        if stranded is not None:
+            self._report_stranded(stranded)
         self.metrics.failed_rows.set(current.failed)
         self.metrics.unowned_shards.set(current.unowned_shards)
         self.metrics.outbox_partitions.labels("finished").set(current.partitions_finished)
@@ -823,3 +960,23 @@ def _all_lanes(lanes: list[Future[bool]]) -> bool:
     if failed is not None:
         raise failed
     return any(lane.result() for lane in lanes)
+
+
+def _unpreparable(row: OutboxRow, exc: Exception) -> Delivery:
+    """The fate of a row whose preparation raised `exc`: parked. An exception other than a RoutingError (the
+    expected kind, whose reason says it all) is logged by its class and where it was raised, never its
+    message, which may quote the row's contents."""
+    if not isinstance(exc, RoutingError):
+        log.warning("relay_row_unpreparable", row_id=row.id, error=type(exc).__name__, where=raised_in(exc))
+    return Delivery(Disposition.PARK, unpreparable_reason(exc))
+
+
+def _headers_as_text(conn: Connection) -> None:
+    """The lane connection returns jsonb (the claim's headers) as its text, to be loaded per row by
+    _begin's guarded step (load_headers): psycopg's own loader parses while the batch is fetched, where a
+    value Python cannot load failed the whole batch. Once per lane connection, as it is made."""
+    conn.adapters.register_loader("jsonb", TextLoader)
+
+
+def _held_behind(topic: str) -> str:
+    return f"held behind an earlier event of its aggregate, which waits for topic {topic}"

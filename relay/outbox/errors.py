@@ -11,6 +11,10 @@ class Disposition(enum.Enum):
     RETRY = "retry"  # transient (broker down, timeout): leave pending, back off, try again
     PARK = "park"  # this row can never be published as it is: mark failed with the reason
     TOPIC_BLOCKED = "topic"  # the topic is unusable (unknown, not authorised): hold its rows, go unready
+    # Log mode's answer to a blocked topic: the row is parked as held (with the topic it waits for), and so
+    # is every later row of its aggregate, so that the rest of its shard flows; all are put back in the
+    # queue, in id order, once the topic can take messages.
+    HOLD = "hold"
     FATAL = "fatal"  # the producer itself is broken: stop the process non-zero
 
 

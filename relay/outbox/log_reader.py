@@ -275,6 +275,7 @@ class LogReader:
                     "relay_id": self._relay_id,
                     "ids": [o.row_id for o in parked],
                     "errors": [o.error for o in parked],
+                    "held_for": [o.held_for for o in parked],
                 },
             )
         # Looked for only when some row is retried: the usual batch has none, and skips a pass per row.

@@ -75,8 +75,32 @@ class BatchHistogram(Collector):
         yield family
 
 
+OTHER_TOPICS = "(other)"
+
+
+class TopicLabels:
+    """The topic label of a metric sample: the topic itself for the first `limit` distinct ones, then
+    OTHER_TOPICS. Writers choose topics (a row's topic column), and every distinct label value is a series
+    the relay keeps, and Prometheus stores, for good: a writer routing to a new topic per row must not grow
+    either without bound. Lanes call it from their threads; a set's add is atomic, and a race can only let
+    a label or two past the limit."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, topic: str) -> str:
+        if topic in self._seen:
+            return topic
+        if len(self._seen) >= self._limit:
+            return OTHER_TOPICS
+        self._seen.add(topic)
+        return topic
+
+
 class RelayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.topic_label = TopicLabels()  # the `topic` label of published and failed
         self.published = Counter(
             "postbox_relay_published_total", "Outbox rows published to Kafka", ["topic"], registry=registry
         )
@@ -130,11 +154,19 @@ class RelayMetrics:
             registry,
         )
         self.backlog_rows = Gauge(
-            "postbox_relay_backlog_rows", "Outbox rows waiting to be published", registry=registry
+            "postbox_relay_backlog_rows",
+            "Outbox rows waiting to be published: pending, logged and unread (log mode), and stranded",
+            registry=registry,
         )
         self.oldest_pending_seconds = Gauge(
             "postbox_relay_oldest_pending_age_seconds",
             "Age of the oldest unpublished outbox row",
+            registry=registry,
+        )
+        self.stranded_rows = Gauge(
+            "postbox_relay_stranded_rows",
+            "Committed outbox rows no relay will ever read (logged outside any window the relays read: a "
+            "moved database, a disabled write guard); `postbox relay status` names them",
             registry=registry,
         )
         self.failed_rows = Gauge(

@@ -22,6 +22,7 @@ class Delivery:
 
     disposition: Disposition | None
     reason: str | None = None
+    held_for: str | None = None  # Disposition.HOLD: the topic the row waits for
 
 
 DELIVERED = Delivery(None)  # shared: one per delivered message would be per-row garbage
@@ -39,6 +40,7 @@ class RowOutcome(NamedTuple):  # one per row on the hot path: cheaper to build t
     row_id: int
     state: RowState
     error: str | None
+    held_for: str | None = None  # parked as held: the topic it waits for (put back once usable)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ def decide(row_ids: Sequence[int], aggregates: Sequence[str], deliveries: Sequen
         disposition = delivery.disposition
         if disposition is Disposition.PARK:
             outcomes.append(RowOutcome(row_id, RowState.FAILED, delivery.reason))
+            failed += 1
+        elif disposition is Disposition.HOLD:
+            # Parked, to come back by itself: the batch holds the aggregate's later rows the same way
+            # (the relay hands them HOLD too), never a retry that would let them overtake it.
+            outcomes.append(RowOutcome(row_id, RowState.FAILED, delivery.reason, delivery.held_for))
             failed += 1
         elif disposition is None and aggregate not in held_back:
             outcomes.append(RowOutcome(row_id, RowState.PUBLISHED, None))

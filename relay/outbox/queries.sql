@@ -236,7 +236,7 @@ FROM outbox WHERE state = 'failed' ORDER BY id LIMIT %(limit)s
 -- name: requeue
 -- Parked rows back to pending. Every filter that is given must match (NULL means "any").
 UPDATE outbox
-SET state = 'pending', last_error = 'requeued after: ' || coalesce(last_error, '')
+SET state = 'pending', last_error = 'requeued after: ' || coalesce(last_error, ''), held_for = NULL
 WHERE state = 'failed'
   AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
   AND (%(aggregate_type)s::text IS NULL OR aggregate_type = %(aggregate_type)s::text)
@@ -251,7 +251,9 @@ WHERE id IN (
     SELECT id FROM outbox
     WHERE state = 'published' AND published_at < clock_timestamp() - %(retention)s::interval
     ORDER BY id
-    LIMIT %(limit)s)
+    LIMIT %(limit)s
+    -- Two replicas pruning at once take different rows instead of waiting for (or deadlocking on) each other.
+    FOR UPDATE SKIP LOCKED)
 
 -- Log mode (--mode log; schemas/migrations/0006_outbox_log.sql says how it reads in commit order).
 
@@ -400,12 +402,26 @@ RETURNING c.shard
 -- A row that can never be published leaves the log for the parked rows (state failed), where `postbox
 -- relay status` shows it and `postbox relay requeue` puts it back (to pending: the relay claims those
 -- first, in either mode). The one write to a row log mode makes, and only to a parked one.
+-- A row held for a topic that cannot take messages (held_for) is put back by the relay once it can.
 UPDATE outbox AS t
-SET state = 'failed', attempts = least(t.attempts, 2147483646) + 1, last_error = o.error
-FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS o(id, error)
+SET state = 'failed', attempts = least(t.attempts, 2147483646) + 1, last_error = o.error, held_for = o.held_for
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(held_for)s::text[]) AS o(id, error, held_for)
 WHERE t.id = o.id AND t.state = 'logged'
   AND t.shard IN (SELECT shard FROM outbox_shard_lease
                   WHERE owner = %(relay_id)s AND expires_at > clock_timestamp())
+
+-- name: held_aggregates
+-- The aggregates log mode holds (parked rows waiting for a topic), with the topic each waits for. Few:
+-- read through outbox_failed_idx, at each lease renewal.
+SELECT DISTINCT shard, aggregate_id, held_for FROM outbox WHERE state = 'failed' AND held_for IS NOT NULL
+
+-- name: requeue_held
+-- The rows held for a topic that takes messages again, back to the queue (claimed in id order, before
+-- their shard's log): the row that met the blocked topic and the later rows of its aggregate together.
+UPDATE outbox
+SET state = 'pending', held_for = NULL, last_error = 'requeued after: ' || coalesce(last_error, '')
+WHERE state = 'failed' AND held_for = %(topic)s
+RETURNING id
 
 -- name: log_prune_ticks
 -- Ticks before the oldest cursor's are never read again.
@@ -437,8 +453,16 @@ FROM outbox_maintain_partitions(%(xids_per_partition)s::bigint, %(retention)s::i
 LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE
 
 -- name: log_record_switch
-INSERT INTO outbox_mode (mode, tick) VALUES (%(mode)s, %(tick)s)
-ON CONFLICT (singleton) DO UPDATE SET mode = excluded.mode, tick = excluded.tick, switched_at = clock_timestamp()
+-- log_since: where the log began, set by the first switch to log mode (the stranded-rows check).
+INSERT INTO outbox_mode (mode, tick, log_since)
+SELECT %(mode)s, %(tick)s, CASE WHEN %(mode)s = 'log' THEN pg_snapshot_xmin(t.snapshot) END
+FROM outbox_tick AS t WHERE t.tick = %(tick)s
+ON CONFLICT (singleton) DO UPDATE SET mode = excluded.mode, tick = excluded.tick, switched_at = clock_timestamp(),
+                                      log_since = coalesce(outbox_mode.log_since, excluded.log_since)
+
+-- name: guard_writes
+-- The insert guard of migration 0009 for the state rows are now written in (in the switch's transaction).
+SELECT outbox_guard_writes(%(state)s)
 
 -- name: log_switch_to_log
 ALTER TABLE outbox ALTER COLUMN state SET DEFAULT 'logged'
@@ -470,3 +494,63 @@ WHERE o.state = 'logged'
   AND o.txid >= (SELECT min(pg_snapshot_xmin(t2.snapshot))
                  FROM outbox_cursor AS c2 JOIN outbox_tick AS t2 ON t2.tick = c2.tick)
   AND NOT pg_visible_in_snapshot(o.txid, t.snapshot)
+  -- Stranded rows (which no cursor will reach) are counted on their own (stranded_rows).
+  AND o.id NOT IN (SELECT s.id FROM outbox_stranded AS s)
+
+-- name: stranded_rows
+-- Committed rows that no relay will ever read (migration 0009's outbox_stranded view says which): their
+-- count and the lowest ids, for `postbox relay status`.
+SELECT count(*), coalesce((SELECT array_agg(id) FROM (SELECT id FROM outbox_stranded ORDER BY id
+                                                      LIMIT %(show)s) AS s), '{}')
+FROM outbox_stranded
+
+-- name: requeue_stranded
+-- The stranded rows to the queue, which relays claim in either mode.
+UPDATE outbox AS o
+SET state = 'pending', last_error = 'requeued: stranded (logged where no relay reads the log)'
+FROM outbox_stranded AS s
+WHERE o.id = s.id AND o.state = 'logged'
+RETURNING o.id
+
+-- name: foreign_ticks
+-- A tick taken at a transaction counter this cluster has not reached: the outbox was restored (or
+-- replicated) from another cluster. Its snapshots mean nothing here: a row written now has a txid that
+-- the old snapshots take for long committed, so no window would ever hold it. Returns the newest tick's
+-- counter and this cluster's; no row when the log belongs here.
+-- Only the newest tick is read: ticks are taken in order, so it is the furthest ahead.
+SELECT t.tick, pg_snapshot_xmax(t.snapshot)::text, pg_snapshot_xmax(pg_current_snapshot())::text
+FROM (SELECT tick, snapshot FROM outbox_tick ORDER BY tick DESC LIMIT 1) AS t
+WHERE pg_snapshot_xmax(t.snapshot) > pg_snapshot_xmax(pg_current_snapshot())
+
+-- name: rebase_unread_to_queue
+-- `postbox relay rebase`: every logged row leaves the log, to the queue (pending: claimed before any
+-- shard's log is read, in id order) unless it is known to be published. Known only for a row whose txid
+-- is ahead of this cluster's counter: it was written on the old cluster, and its shard's old cursor
+-- snapshot (the old cluster's own, judging the old cluster's own txid) says whether it was read. A row
+-- below the counter may have been written here after the move (the old snapshots would take it for read
+-- long ago) or on the old cluster: it is queued, so it is published once more at worst. Rows of a window
+-- being read count as unread: sent again (duplicates with the same event id), never lost.
+UPDATE outbox AS o
+SET state = CASE WHEN o.txid >= pg_snapshot_xmax(pg_current_snapshot())
+                      AND pg_visible_in_snapshot(o.txid, t.snapshot) THEN 'published' ELSE 'pending' END,
+    published_at = CASE WHEN o.txid >= pg_snapshot_xmax(pg_current_snapshot())
+                             AND pg_visible_in_snapshot(o.txid, t.snapshot) THEN clock_timestamp() END
+FROM outbox_cursor AS c
+LEFT JOIN outbox_tick AS t ON t.tick = c.tick
+WHERE o.state = 'logged' AND o.shard = c.shard
+RETURNING o.state
+
+-- name: rebase_forget_ticks
+DELETE FROM outbox_tick
+
+-- name: rebase_cursors
+UPDATE outbox_cursor SET tick = %(tick)s, window_to = NULL, last_id = NULL, max_id = NULL,
+                         updated_at = clock_timestamp()
+
+-- name: rebase_mode
+-- The switch's tick and the log's beginning, as if the outbox had been switched now on this cluster.
+UPDATE outbox_mode AS m
+SET tick = %(tick)s,
+    log_since = CASE WHEN m.log_since IS NOT NULL OR m.mode = 'log' THEN pg_snapshot_xmin(t.snapshot) END
+FROM outbox_tick AS t
+WHERE t.tick = %(tick)s

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -164,3 +165,66 @@ def test_a_record_the_database_refuses_is_parked_alone_and_its_batch_claimed(
         assert work[1].message.message_id == "t/0/1"
     finally:
         consumer._close_db()
+
+
+# Every column a writer's role can set on INSERT (the table owner: no column grant restricts it), each
+# left to its default or given a value, the relay's own columns and the ones it reads rows by included.
+writer_columns = st.fixed_dictionaries(
+    {},
+    optional={
+        "event_id": st.uuids().map(str),
+        "state": st.sampled_from(["pending", "published", "failed", "logged", "other"]),
+        "txid": st.sampled_from(["0", "3", "current", "current - 5", "current + 5", "current + 50000000"]),
+        "created_at": st.sampled_from(["infinity", "-infinity", "2000-01-01", "now"]),
+        "published_at": st.sampled_from(["infinity", "2000-01-01", "now"]),
+        "attempts": st.integers(-(2**31), 2**31 - 1),
+        "last_error": stored_text,
+        "topic": st.none() | stored_text,
+    },
+)
+
+
+@pytest.mark.parametrize("relay_mode", ["log", "queue"], indirect=True)
+@SETTINGS
+@given(columns=writer_columns)
+def test_whatever_columns_a_writer_sets_a_committed_row_is_one_a_relay_reads(
+    db: Conn, relay_mode: str, columns: dict[str, Any]
+) -> None:
+    """An INSERT is refused (naming what it cannot honour) or its row is committed in the state the
+    outbox's relays read, with its own transaction's txid, or as a parked row: never stranded."""
+    names, values, params = ["aggregate_type", "aggregate_id", "event_type"], ["'t'", "'a'", "'E'"], []
+    for name, value in columns.items():
+        names.append(name)
+        if name == "txid":
+            relative = value.replace("current", "pg_current_xact_id()::text::bigint")
+            values.append(f"({relative})::text::xid8" if "current" in value else "%s")
+            if "current" not in value:
+                params.append(value)
+        else:
+            values.append("%s")
+            params.append(value)
+    statement = f"INSERT INTO outbox ({', '.join(names)}) VALUES ({', '.join(values)}) RETURNING id"
+    refused: psycopg.Error | None = None
+    try:
+        with db.transaction():
+            found = db.execute(statement, params).fetchone()
+            assert found is not None
+            row_id = found[0]
+            own = db.execute(
+                "SELECT state, CASE WHEN txid = pg_current_xact_id() THEN 'own' ELSE txid::text END "
+                "FROM outbox WHERE id = %s",
+                (row_id,),
+            ).fetchone()
+    except psycopg.Error as exc:
+        refused = exc
+    if refused is not None:
+        # The guard names the column it cannot honour; a CHECK constraint refuses a state no mode has.
+        assert refused.sqlstate in {"428C9", "23514"}, f"{refused.sqlstate}: {refused}"
+        if refused.sqlstate == "428C9":
+            assert refused.diag.column_name in {"txid", "state"} & set(columns)
+        return
+    # Read by the relays of the outbox's mode; or parked, among the parked rows (txid 0, where maintenance
+    # moves them), which `postbox relay status` lists and requeue puts back.
+    assert own in {("logged" if relay_mode == "log" else "pending", "own"), ("failed", "0")}
+    stranded = db.execute("SELECT count(*) FROM outbox_stranded WHERE id = %s", (row_id,)).fetchone()
+    assert stranded == (0,)
