@@ -147,6 +147,20 @@ def log_backlog(conn: psycopg.Connection[tuple[object, ...]]) -> LogBacklog:
     return LogBacklog(int(str(found[0])), float(str(found[1])))
 
 
+def _lock_outbox(conn: psycopg.Connection[tuple[object, ...]], lock_timeout: float) -> None:
+    """In the open transaction: the outbox locked against writers and relays for a switch of modes or a
+    rebase (log_switch_lock), or SwitchRefused after `lock_timeout` seconds (writers wait that long)."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
+    try:
+        conn.execute(query(QUERIES, "log_switch_lock"))
+    except psycopg.errors.LockNotAvailable:
+        raise SwitchRefused(
+            f"could not lock the outbox within {lock_timeout:g} s: stop the relays first (writers may go "
+            "on; a long-running writer's transaction must end)"
+        ) from None
+    conn.execute("SELECT set_config('lock_timeout', '0', true)")
+
+
 def switch_mode(
     conn: psycopg.Connection[tuple[object, ...]], schema: str, mode: str, lock_timeout: float = 5.0
 ) -> int:
@@ -162,15 +176,7 @@ def switch_mode(
     if mode not in ("log", "queue"):
         raise ValueError(f"mode must be log or queue, not {mode!r}")
     with conn.transaction():
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
-        try:
-            conn.execute(query(QUERIES, "log_switch_lock"))
-        except psycopg.errors.LockNotAvailable:
-            raise SwitchRefused(
-                f"could not lock the outbox within {lock_timeout:g} s: stop the relays first (writers may go "
-                "on; a long-running writer's transaction must end)"
-            ) from None
-        conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        _lock_outbox(conn, lock_timeout)
         conn.execute(query(QUERIES, "log_switch_to_log" if mode == "log" else "log_switch_to_queue"))
         # Writers' rows must take the new mode's state and no other (migration 0009's insert guard).
         conn.execute(query(QUERIES, "guard_writes"), {"state": "logged" if mode == "log" else "pending"})
@@ -219,14 +225,7 @@ def rebase(conn: psycopg.Connection[tuple[object, ...]], schema: str, lock_timeo
     unless the old cluster's own cursors say it was published; then the old ticks are forgotten, and
     every cursor starts at a tick taken here."""
     with conn.transaction():
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",))
-        try:
-            conn.execute(query(QUERIES, "log_switch_lock"))
-        except psycopg.errors.LockNotAvailable:
-            raise SwitchRefused(
-                f"could not lock the outbox within {lock_timeout:g} s: stop the relays first"
-            ) from None
-        conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        _lock_outbox(conn, lock_timeout)
         if foreign_log(conn) is None:
             raise NothingToRebase(
                 "the outbox's log belongs to this cluster: nothing to rebase (stranded rows, if `postbox "
