@@ -5,7 +5,8 @@ the same outbox without it (its two triggers dropped, as before 0009), side by s
 
 Needs a server: POSTBOX_DATABASE_URL (for example `eval "$(postbox dev env)"` after `postbox dev up`).
 Each round times, for each outbox in turn (the order alternates), `--single` transactions of one
-`enqueue` each, then `--batches` transactions of one `enqueue_many` of 100 events. Prints each round's
+`enqueue` each, `--batches` transactions of one `enqueue_many` of 100 events, and one INSERT ... SELECT of
+50,000 rows (the server's per-row cost without a commit per row). Prints each round's
 rates, the medians with their spread, and the ratio guarded/unguarded per round and its median.
 """
 
@@ -53,6 +54,20 @@ def _batches(conn: Conn, schema: str, count: int) -> float:
     return count * 100 / (time.perf_counter() - started)
 
 
+BULK_ROWS = 50_000
+
+
+def _bulk(conn: Conn, schema: str) -> float:
+    """The server's per-row cost alone: one INSERT ... SELECT of BULK_ROWS rows (no commit per row)."""
+    started = time.perf_counter()
+    conn.execute(
+        f'INSERT INTO "{schema}".outbox (aggregate_type, aggregate_id, event_type, payload) '
+        "SELECT 'bench', 'a' || (i % 64), 'Changed', jsonb_build_object('i', i, 'note', repeat('x', 60)) "
+        f"FROM generate_series(1, {BULK_ROWS}) AS i"
+    )
+    return BULK_ROWS / (time.perf_counter() - started)
+
+
 def _summary(values: list[float]) -> str:
     return f"median {statistics.median(values):8.0f}/s (min {min(values):.0f}, max {max(values):.0f})"
 
@@ -81,6 +96,8 @@ def main() -> None:
                     rates.setdefault((guarded, "single"), []).append(_single(conn, schema, args.single))
                     rates.setdefault((guarded, "batch"), []).append(_batches(conn, schema, args.batches))
                     conn.execute(f'TRUNCATE "{schema}".outbox')
+                    rates.setdefault((guarded, "bulk"), []).append(_bulk(conn, schema))
+                    conn.execute(f'TRUNCATE "{schema}".outbox')
                 print(
                     f"round {round_no + 1}: single {rates[True, 'single'][-1]:.0f} vs "
                     f"{rates[False, 'single'][-1]:.0f}/s, batch {rates[True, 'batch'][-1]:.0f} vs "
@@ -90,7 +107,11 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             for schema in schemas.values():
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    for kind, label in (("single", "one event per transaction"), ("batch", "100 events per transaction")):
+    for kind, label in (
+        ("single", "one event per transaction"),
+        ("batch", "100 events per transaction"),
+        ("bulk", f"{BULK_ROWS:,} rows in one INSERT ... SELECT (no commit per row: the guard's cost alone)"),
+    ):
         guarded, plain = rates[True, kind], rates[False, kind]
         ratios = [g / p for g, p in zip(guarded, plain, strict=True)]
         print(f"{label}:")
