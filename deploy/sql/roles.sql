@@ -37,6 +37,7 @@ GRANT USAGE ON SCHEMA :"schema"
 -- An application that writes events: insert only, and only the columns `enqueue` writes. The relay's own
 -- columns (state, attempts, created_at, published_at, last_error) keep their defaults, so no writer can
 -- insert a row already "published", with an attempt count that overflows the mark, or with a forged age.
+-- The SQL writers postbox.enqueue() and enqueue_bytes() (migration 0010) run with these same rights.
 -- e.g.  GRANT postbox_writer TO orders_service;
 GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic)
     ON :"schema".outbox TO postbox_writer;

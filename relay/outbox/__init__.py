@@ -6,6 +6,13 @@ with conn.transaction():
     event_id = enqueue(conn, "order", order_id, "OrderCreated", {"id": order_id, "total": "9.99"})
 """
 
-from relay.outbox.enqueue import OutboxEvent, PayloadError, enqueue, enqueue_many
+from relay.outbox.enqueue import (
+    OutboxEvent,
+    PayloadError,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+)
 
-__all__ = ["OutboxEvent", "PayloadError", "enqueue", "enqueue_many"]
+__all__ = ["OutboxEvent", "PayloadError", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"]

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from opentelemetry import baggage, context, trace
@@ -23,7 +22,7 @@ from relay.core.tracing import (
     plan_tracing,
     with_trace_context,
 )
-from relay.outbox.enqueue import OutboxEvent, enqueue, enqueue_many
+from relay.outbox.enqueue import OutboxEvent
 from relay.outbox.outcome import DELIVERED, Delivery, Disposition, RowState
 from relay.outbox.publisher import Ack
 from relay.outbox.routing import OutboxRow, to_message
@@ -146,23 +145,14 @@ def exported() -> Iterator[tuple[trace.Tracer, InMemorySpanExporter]]:
     provider.shutdown()
 
 
-class _Recorder:
-    """Stands in for the caller's cursor to see the parameters enqueue writes (no database needed to
-    check what goes into the row; tests/integration writes real ones)."""
-
-    params: Any = None
-
-    def execute(self, _statement: object, params: Any) -> None:
-        self.params = params
-
-
 def _stored_headers(event: OutboxEvent) -> dict[str, str]:
-    """The headers column enqueue_many and enqueue write for `event` (the same both ways)."""
-    many, one = _Recorder(), _Recorder()
-    enqueue_many(many, [event])
-    enqueue(one, event.aggregate_type, event.aggregate_id, event.event_type, event.payload, event.headers)
-    assert many.params[6][0] == one.params[6]
-    return json.loads(one.params[6])  # type: ignore[no-any-return]
+    """The headers column enqueue, enqueue_many and their async twins write for `event`: every one of them
+    builds its rows with relay.outbox.enqueue._rows (no database needed to check what goes into the row;
+    tests/integration writes real ones)."""
+    from relay.outbox.enqueue import _rows  # noqa: PLC0415
+
+    [row] = _rows([event], None)
+    return json.loads(row[6])  # type: ignore[no-any-return]
 
 
 def test_enqueue_stores_the_callers_trace_context_without_being_asked(

@@ -1,0 +1,103 @@
+"""From a service's values to what an outbox row stores: one documented encoding. Pure, no I/O.
+
+JSON payloads and header values are encoded by `encode_json`, which takes what `json.dumps` takes and,
+by one rule each (README "Typed payloads"):
+- a pydantic v2 model: its `model_dump(mode="json")` (its own aliases and serializers apply);
+- a dataclass instance: its fields, as `dataclasses.asdict` gives them, each encoded by these rules;
+- `Decimal`: a string of its exact digits (`Decimal("12.30")` -> "12.30"): a JSON number would pass
+  through binary floating point in most consumers, and a finite amount must arrive as written;
+- `datetime`, `date`, `time`: ISO 8601, the UTC offset kept as given (a naive datetime stays naive);
+- `UUID`: its canonical text; an `Enum` member: its value, encoded by these rules;
+- `set` and `frozenset`: a list (sorted when its items can be, so the text is stable);
+- anything else: the service's own `default` hook (enqueue's `json_default=`), else PayloadError.
+NaN and the infinities are refused (they are not JSON, and jsonb refuses them).
+
+Aggregate ids that are not text (int, UUID, a str-valued Enum) become text by `aggregate_key`: the
+Kafka key is bytes, so one rule must say which bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+JsonDefault = Callable[[Any], Any]
+
+
+class PayloadError(ValueError):
+    """The event cannot be stored as given (not JSON-serialisable, bad headers); nothing was written."""
+
+
+def _finite(value: decimal.Decimal) -> str:
+    if not value.is_finite():
+        raise ValueError(f"Decimal {value} is not a JSON value")
+    return str(value)
+
+
+def _sorted_if_possible(value: set[Any] | frozenset[Any]) -> list[Any]:
+    try:
+        return sorted(value)
+    except TypeError:
+        return list(value)
+
+
+# The module's rules, in order: (is it this kind of value, its JSON-ready form).
+_ENCODINGS: tuple[tuple[Callable[[Any], bool], Callable[[Any], Any]], ...] = (
+    # pydantic v2, recognised without importing it
+    (
+        lambda v: hasattr(type(v), "model_fields") and hasattr(v, "model_dump"),
+        lambda v: v.model_dump(mode="json"),
+    ),
+    (lambda v: dataclasses.is_dataclass(v) and not isinstance(v, type), dataclasses.asdict),
+    (lambda v: isinstance(v, decimal.Decimal), _finite),
+    (lambda v: isinstance(v, datetime.datetime | datetime.date | datetime.time), lambda v: v.isoformat()),
+    (lambda v: isinstance(v, uuid.UUID), str),
+    (lambda v: isinstance(v, enum.Enum), lambda v: v.value),
+    (lambda v: isinstance(v, set | frozenset), _sorted_if_possible),
+)
+
+
+def _builtin_default(value: Any) -> Any:
+    """The encodings above for what json.dumps does not know, or TypeError."""
+    for applies, encoded in _ENCODINGS:
+        if applies(value):
+            return encoded(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def encode_json(value: Any, default: JsonDefault | None = None) -> str:
+    """`value` as JSON text (see the module's rules); TypeError or ValueError when it cannot be.
+
+    ensure_ascii=False keeps NUL and lone surrogates as characters, where the storability check finds
+    them; allow_nan=False: NaN and Infinity are not JSON."""
+
+    def encode(item: Any) -> Any:
+        try:
+            return _builtin_default(item)
+        except TypeError:
+            if default is None:
+                raise
+            return default(item)
+
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=encode)
+
+
+def aggregate_key(value: object) -> str:
+    """An aggregate id as the text the outbox stores (the Kafka key's UTF-8): a str as it is; an int, a
+    UUID or an Enum member (by its value) as str() gives it. Anything else (bytes, floats, None) is
+    refused: its text form is not one a consumer could rebuild the same way."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool):  # an int, but True/False keys are a bug, not an id
+        raise PayloadError(f"aggregate_id must be a str, int or UUID, got {value!r}")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | uuid.UUID):
+        return str(value)
+    raise PayloadError(f"aggregate_id must be a str, int or UUID, got {type(value).__name__}")
