@@ -53,7 +53,9 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 def _storable_text(name: str, text: str, is_json: bool = False) -> None:
     """PostgreSQL text and jsonb cannot hold NUL, nor (as UTF-8) a lone surrogate: say so before writing."""
-    if "\x00" in text or (is_json and _JSON_NUL.search(text)):
+    # The substring test first: the regex (an escaped backslash before it does not count) runs only for
+    # the rare text that holds one, which spared an event about 3 us.
+    if "\x00" in text or (is_json and "\\u0000" in text and _JSON_NUL.search(text)):
         raise PayloadError(f"{name} contains NUL (U+0000), which PostgreSQL cannot store; send bytes instead")
     try:
         text.encode("utf-8")
@@ -86,8 +88,12 @@ def _row(
     if "" in event.headers:
         raise PayloadError("a header name is empty (Kafka clients drop such headers)")
     # The writer's trace context travels in the row, so the relay's publish span continues its trace.
-    headers_json = encode_json(dict(with_trace_context(event.headers, trace_context)))
-    _storable_text("headers", headers_json, is_json=True)
+    headers = with_trace_context(event.headers, trace_context)
+    if headers:
+        headers_json = encode_json(dict(headers))
+        _storable_text("headers", headers_json, is_json=True)
+    else:
+        headers_json = "{}"
     if isinstance(event.payload, bytes | bytearray | memoryview):
         payload_json, payload_bytes = None, bytes(event.payload)
     else:

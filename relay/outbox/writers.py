@@ -127,9 +127,16 @@ def execute_sync(target: Any, kind: Kind, schema: str, rows: Sequence[Row]) -> N
         return
     # Django and psycopg2 (pyformat): through a cursor, the connection's when given the connection. A '%'
     # in the schema's name is doubled, as pyformat reads it.
-    cursor = target if hasattr(target, "fetchone") else target.cursor()
     table = quoted_table(schema).replace("%", "%%")
-    cursor.execute(values_statement(table, len(rows), _pyformat), _flat(rows))
+    statement, params = values_statement(table, len(rows), _pyformat), _flat(rows)
+    if hasattr(target, "fetchone"):  # a cursor: the caller's
+        target.execute(statement, params)
+        return
+    cursor = target.cursor()  # ours, closed here (the transaction is the connection's)
+    try:
+        cursor.execute(statement, params)
+    finally:
+        cursor.close()
 
 
 async def execute_async(target: Any, kind: Kind, schema: str, rows: Sequence[Row]) -> None:
