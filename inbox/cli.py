@@ -144,8 +144,9 @@ def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
     from relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
-        deleted = prune_inbox(conn, settings.older_than)
-    print(f"pruned {deleted} inbox rows older than {settings.older_than}")
+        deleted = prune_inbox(conn, settings.older_than, include_failed=settings.include_failed)
+    kept = "" if settings.include_failed else " (parked ones kept: --include-failed deletes them too)"
+    print(f"pruned {deleted} inbox rows older than {settings.older_than}{kept}")
     return 0
 
 
@@ -389,8 +390,9 @@ def _cmd_prune_webhooks(args: argparse.Namespace, settings: Any, parser: argpars
     from relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
-        deleted = prune_webhooks(conn, settings.older_than)
-    print(f"pruned {deleted} webhook rows older than {settings.older_than}")
+        deleted = prune_webhooks(conn, settings.older_than, include_failed=settings.include_failed)
+    kept = "" if settings.include_failed else " (failed ones kept: --include-failed deletes them too)"
+    print(f"pruned {deleted} webhook rows older than {settings.older_than}{kept}")
     return 0
 
 

@@ -121,12 +121,14 @@ def prune_inbox(
     retention: timedelta = DEFAULT_INBOX_RETENTION,
     batch_size: int = 5000,
     max_batches: int | None = None,
+    *,
+    include_failed: bool = False,
 ) -> int:
-    """Delete inbox rows received before `retention` ago, a batch per transaction; returns rows deleted.
+    """Delete applied inbox rows received before `retention` ago, a batch per transaction; returns rows
+    deleted. Parked (failed) rows were never applied, so they stay unless `include_failed`.
 
     Deleting a key forgets it: a replay older than the retention would be applied again. Keep it longer
     than the provider's redelivery window.
     """
-    return delete_in_batches(
-        conn, query(QUERIES, "prune_messages"), {"retention": retention}, batch_size, max_batches
-    )
+    params = {"retention": retention, "include_failed": include_failed}
+    return delete_in_batches(conn, query(QUERIES, "prune_messages"), params, batch_size, max_batches)

@@ -25,10 +25,12 @@ UPDATE inbox_message SET status = 'failed', error = %(error)s, attempts = %(atte
 WHERE consumer = %(consumer)s AND message_id = %(message_id)s
 
 -- name: prune_messages
+-- Parked (failed) messages were never applied: they go only when asked for by a flag of their own.
 DELETE FROM inbox_message
 WHERE ctid IN (
     SELECT ctid FROM inbox_message
     WHERE received_at < now() - %(retention)s::interval
+      AND (status <> 'failed' OR %(include_failed)s::boolean)
     LIMIT %(limit)s)
 
 -- name: failed_messages

@@ -76,6 +76,12 @@ class InboxPruneSettings(DatabaseSettings):
         env="POSTBOX_INBOX_RETENTION",
         bounds=(1, 1e9),
     )
+    include_failed: bool = setting(
+        False,
+        "also delete parked (failed) messages past the retention; they were never applied, so by default "
+        "they stay for `postbox inbox requeue`",
+        env="POSTBOX_INBOX_PRUNE_FAILED",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,4 +184,10 @@ class WebhookPruneSettings(DatabaseSettings):
         "delete processed webhook rows older than this (keep it past the providers' replay windows)",
         env="POSTBOX_WEBHOOK_RETENTION",
         bounds=(1, 1e9),
+    )
+    include_failed: bool = setting(
+        False,
+        "also delete failed events past the retention; they were never applied, so by default they stay "
+        "for `postbox inbox requeue-webhooks`",
+        env="POSTBOX_WEBHOOK_PRUNE_FAILED",
     )

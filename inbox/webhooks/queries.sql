@@ -90,7 +90,9 @@ SELECT coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8 FROM we
 DELETE FROM webhook_inbox
 WHERE ctid IN (
     SELECT ctid FROM webhook_inbox
-    WHERE received_at < now() - %(retention)s::interval AND status IN ('done', 'failed')
+    -- Failed events were never applied: they go only when asked for by a flag of their own.
+    WHERE received_at < now() - %(retention)s::interval
+      AND (status = 'done' OR (status = 'failed' AND %(include_failed)s::boolean))
     LIMIT %(limit)s)
 
 -- name: status_by_provider

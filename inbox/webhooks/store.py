@@ -49,8 +49,13 @@ def store_events(conn: psycopg.Connection[Any], events: Sequence[IncomingEvent])
 
 
 def prune_webhooks(
-    conn: psycopg.Connection[Any], retention: timedelta = DEFAULT_WEBHOOK_RETENTION, batch_size: int = 5000
+    conn: psycopg.Connection[Any],
+    retention: timedelta = DEFAULT_WEBHOOK_RETENTION,
+    batch_size: int = 5000,
+    *,
+    include_failed: bool = False,
 ) -> int:
-    """Delete done/failed rows received before `retention` ago, a batch per transaction (pending and
-    processing rows are never deleted)."""
-    return delete_in_batches(conn, query(QUERIES, "prune_events"), {"retention": retention}, batch_size)
+    """Delete done rows received before `retention` ago, a batch per transaction; failed ones (never
+    applied) only with `include_failed`; pending and processing rows never."""
+    params = {"retention": retention, "include_failed": include_failed}
+    return delete_in_batches(conn, query(QUERIES, "prune_events"), params, batch_size)
