@@ -393,7 +393,9 @@ class InboxConsumer:
             claimed=len(claimed),
             duplicates=len(work) - len(claimed),
         )
-        self.inbox.run_after_commit(claimed)
+        # The hooks are for what the batch applied: a parked message was claimed, never applied.
+        parked = {id(message) for message, _ in failed}
+        self.inbox.run_after_commit([m for m in claimed if id(m) not in parked])
 
     def _claim_statement(self, conn: psycopg.Connection[tuple[Any, ...]], work: list[_Work]) -> set[str]:
         rows = conn.execute(
@@ -675,7 +677,9 @@ class InboxConsumer:
                 query(QUERIES, "mark_requeued_done"),
                 {"consumer": self.inbox.consumer, "message_id": message_id},
             )
-            return True, None
+        # Applied and committed: the after_commit hooks run for it, as for a message a batch applies.
+        self.inbox.run_after_commit([work.message])
+        return True, None
 
     @staticmethod
     def _offsets(records: list[Any]) -> list[TopicPartition]:

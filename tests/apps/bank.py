@@ -51,3 +51,12 @@ def crash_once_after_commit(messages: list[Message]) -> None:
     if flag and messages and not Path(flag).exists():
         Path(flag).write_text(",".join(m.message_id for m in messages))
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@inbox.after_commit
+def log_applied(messages: list[Message]) -> None:
+    """With BANK_HOOK_LOG set: each message the hooks were called for, a line each (the test reads it)."""
+    path = os.environ.get("BANK_HOOK_LOG")
+    if path:
+        with Path(path).open("a") as out:
+            out.writelines(f"{m.message_id}\n" for m in messages)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from inbox import Inbox, Message
-from tests.apps.bank import deposit
+from tests.apps.bank import deposit, log_applied
 
 inbox = Inbox("bank", max_attempts=3, retry_backoff=0.01)
 inbox.handler("Deposit")(deposit)
+inbox.after_commit(log_applied)
 
 
 @inbox.handler("Nope")

@@ -3,10 +3,12 @@ webhook event processed again by a real worker."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,7 +21,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 
 def inbox_cli(
-    servers: Servers, schema: str, *args: str, check: bool = True
+    servers: Servers, schema: str, *args: str, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
@@ -38,6 +40,7 @@ def inbox_cli(
         cwd=REPO,
         check=check,
         timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -113,8 +116,10 @@ def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
         [("id", b"d2"), ("eventType", b"Deposit")],
     ]
     produce_with_headers(servers.kafka_bootstrap, topic, b'{"account": "acc", "amount": 1}', b"acc", records)
+    hook_log = Path(f"/tmp/postbox-test-hooks-{uuid.uuid4().hex[:8]}")
+    hooks = {"BANK_HOOK_LOG": str(hook_log)}  # the after_commit hooks write what they were called for
     with InboxProcess(
-        servers.database_url, servers.kafka_bootstrap, schema, "tests.apps.bank:inbox", [topic]
+        servers.database_url, servers.kafka_bootstrap, schema, "tests.apps.bank:inbox", [topic], env=hooks
     ) as inbox:
         wait_until(
             lambda: db.execute("SELECT count(*) FROM inbox_message").fetchone() == (4,),
@@ -126,15 +131,17 @@ def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
         db.execute("SELECT message_id, error FROM inbox_message WHERE status = 'failed'").fetchall()
     )
     assert set(parked) == {"n1", f"{topic}/0/2"}
+    assert sorted(hook_log.read_text().split()) == ["d1", "d2"], "hooks run for the applied messages only"
 
     base = ["requeue", "--app", "tests.apps.bank_later:inbox", "--kafka-bootstrap", servers.kafka_bootstrap]
     refused = inbox_cli(servers, schema, *base, check=False)
     assert refused.returncode == 2
-    out = inbox_cli(servers, schema, *base, "--all").stdout
+    out = inbox_cli(servers, schema, *base, "--all", env=hooks).stdout
     assert "requeued 2 failed messages of bank: 1 applied, 1 failed again, 0 no longer on the broker" in out
     assert f"failed again {topic}/0/2: its id is unusable" in out
     assert db.execute("SELECT status FROM inbox_message WHERE message_id = 'n1'").fetchone() == ("done",)
     assert db.execute("SELECT message_id FROM effects WHERE account = 'nope'").fetchall() == [("n1",)]
+    assert sorted(hook_log.read_text().split()) == ["d1", "d2", "n1"], "and for the ones requeue applies"
     again = inbox_cli(servers, schema, *base, "--all").stdout
     assert "0 applied, 1 failed again" in again, "an applied message is not run twice"
     assert db.execute("SELECT count(*) FROM effects WHERE account = 'nope'").fetchone() == (1,)
