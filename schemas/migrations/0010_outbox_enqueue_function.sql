@@ -32,35 +32,35 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION enqueue(aggregate_type text, aggregate_id text, event_type text, payload jsonb,
-                        headers jsonb DEFAULT '{}', topic text DEFAULT NULL)
+-- The one body of both: checks, then the row (a JSON payload or a bytes one, never both).
+CREATE FUNCTION outbox_write_event(aggregate_type text, aggregate_id text, event_type text, payload jsonb,
+                                   payload_bytes bytea, headers jsonb, topic text)
     RETURNS uuid
     LANGUAGE plpgsql AS $$
 DECLARE
     new_event_id uuid := gen_random_uuid();
 BEGIN
     PERFORM outbox_check_event(aggregate_type, aggregate_id, event_type, headers);
-    INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers, topic)
-    VALUES (new_event_id, enqueue.aggregate_type, enqueue.aggregate_id, enqueue.event_type,
-            enqueue.payload, enqueue.headers, enqueue.topic);
+    INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers,
+                        topic)
+    VALUES (new_event_id, outbox_write_event.aggregate_type, outbox_write_event.aggregate_id,
+            outbox_write_event.event_type, outbox_write_event.payload, outbox_write_event.payload_bytes,
+            outbox_write_event.headers, outbox_write_event.topic);
     RETURN new_event_id;
 END;
 $$;
 
+CREATE FUNCTION enqueue(aggregate_type text, aggregate_id text, event_type text, payload jsonb,
+                        headers jsonb DEFAULT '{}', topic text DEFAULT NULL)
+    RETURNS uuid
+    LANGUAGE sql
+    RETURN outbox_write_event(aggregate_type, aggregate_id, event_type, payload, NULL, headers, topic);
+
 CREATE FUNCTION enqueue_bytes(aggregate_type text, aggregate_id text, event_type text, payload bytea,
                               headers jsonb DEFAULT '{}', topic text DEFAULT NULL)
     RETURNS uuid
-    LANGUAGE plpgsql AS $$
-DECLARE
-    new_event_id uuid := gen_random_uuid();
-BEGIN
-    PERFORM outbox_check_event(aggregate_type, aggregate_id, event_type, headers);
-    INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload_bytes, headers, topic)
-    VALUES (new_event_id, enqueue_bytes.aggregate_type, enqueue_bytes.aggregate_id,
-            enqueue_bytes.event_type, enqueue_bytes.payload, enqueue_bytes.headers, enqueue_bytes.topic);
-    RETURN new_event_id;
-END;
-$$;
+    LANGUAGE sql
+    RETURN outbox_write_event(aggregate_type, aggregate_id, event_type, NULL, payload, headers, topic);
 
 -- The functions always write to this schema's outbox, whatever the caller's search_path.
 DO $fix$
@@ -71,5 +71,7 @@ BEGIN
                    'SET search_path = %I, pg_temp', current_schema());
     EXECUTE format('ALTER FUNCTION outbox_check_event(text, text, text, jsonb) SET search_path = %I, pg_temp',
                    current_schema());
+    EXECUTE format('ALTER FUNCTION outbox_write_event(text, text, text, jsonb, bytea, jsonb, text) '
+                   'SET search_path = %I, pg_temp', current_schema());
 END
 $fix$;
