@@ -26,14 +26,14 @@ demo: install
 	$(BIN)/postbox dev demo
 
 lint: install
-	$(BIN)/ruff check relay inbox tests
-	$(BIN)/ruff format --check relay inbox tests
+	$(BIN)/ruff check relay inbox postbox tests
+	$(BIN)/ruff format --check relay inbox postbox tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 format: install
-	$(BIN)/ruff format relay inbox tests
-	$(BIN)/ruff check --fix relay inbox tests
+	$(BIN)/ruff format relay inbox postbox tests
+	$(BIN)/ruff check --fix relay inbox postbox tests
 
 unit: install
 	$(BIN)/pytest tests/unit

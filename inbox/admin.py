@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from relay.core.sql import query
+from postbox.relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
 WEBHOOK_QUERIES = Path(__file__).parent / "webhooks" / "queries.sql"

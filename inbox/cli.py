@@ -6,17 +6,18 @@ import argparse
 import functools
 import importlib
 import os
+import sys
 from typing import Any, TypeVar
 
-from relay.core.operator_errors import SCHEMA_IN_USE
-from relay.core.settings import DatabaseSettings, Settings, add_flags, load
-from relay.core.tracing import start_daemon_tracing, start_tracing_for
+from postbox.relay.core.operator_errors import SCHEMA_IN_USE
+from postbox.relay.core.settings import DatabaseSettings, Settings, add_flags, load
+from postbox.relay.core.tracing import start_daemon_tracing, start_tracing_for
 
 T = TypeVar("T")
 
 
 def add_inbox_commands(commands: Any) -> None:
-    from inbox import settings as declared  # noqa: PLC0415
+    from postbox.inbox import settings as declared  # noqa: PLC0415
 
     inbox = commands.add_parser("inbox", help="consume Kafka topics idempotently into PostgreSQL")
     sub = inbox.add_subparsers(dest="inbox_command", metavar="INBOX_COMMAND", required=True)
@@ -97,7 +98,20 @@ def load_app(spec: str, kind: type[T] | None = None) -> T | Any:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"--app {spec!r}: use module:attribute, e.g. billing.handlers:inbox")
-    module = importlib.import_module(module_name)
+    # The service's own modules are found from the directory it is started in, as uvicorn and celery do:
+    # `postbox` is an installed script, so its sys.path holds only its own directory, not the current one.
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise  # the module was found; something it imports is missing: that error says what
+        raise ValueError(
+            f"--app {spec!r}: cannot import {exc.name}: no module of that name in the current directory "
+            f"({here}) or the installed packages"
+        ) from None
     try:
         found = getattr(module, attribute)
     except AttributeError:
@@ -111,7 +125,7 @@ def load_app(spec: str, kind: type[T] | None = None) -> T | Any:
 
 def _load_inbox(settings: Any) -> Any:
     """The app's Inbox, in the schema --schema names when given (else the one the Inbox names)."""
-    from inbox.handlers import Inbox  # noqa: PLC0415
+    from postbox.inbox.handlers import Inbox  # noqa: PLC0415
 
     app = load_app(settings.app, Inbox)
     if settings.schema:
@@ -123,9 +137,9 @@ def _load_inbox(settings: Any) -> Any:
 def _cmd_consume(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from inbox.consumer import InboxConsumer  # noqa: PLC0415
-    from inbox.metrics import InboxMetrics  # noqa: PLC0415
-    from relay.core.ops_http import serving  # noqa: PLC0415
+    from postbox.inbox.consumer import InboxConsumer  # noqa: PLC0415
+    from postbox.inbox.metrics import InboxMetrics  # noqa: PLC0415
+    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
         app = _load_inbox(settings)
@@ -140,8 +154,8 @@ def _cmd_consume(args: argparse.Namespace, settings: Any, parser: argparse.Argum
 
 
 def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.helpers import prune_inbox  # noqa: PLC0415
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.inbox.helpers import prune_inbox  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         deleted = prune_inbox(conn, settings.older_than, include_failed=settings.include_failed)
@@ -166,9 +180,9 @@ def _graceful_server_class() -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.webhooks.config import providers_from  # noqa: PLC0415
-    from inbox.webhooks.serving import connection_limit  # noqa: PLC0415
-    from relay.core.ops_http import serving  # noqa: PLC0415
+    from postbox.inbox.webhooks.config import providers_from  # noqa: PLC0415
+    from postbox.inbox.webhooks.serving import connection_limit  # noqa: PLC0415
+    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
         providers_from(settings, os.environ)  # checked here, so a bad secret fails the start at once
@@ -194,8 +208,8 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         return 0
     tracing.shutdown()
 
-    from inbox.webhooks.processes import ReceiverProcesses, listening_socket, shared_metrics  # noqa: PLC0415
-    from relay.core.logging import LoggingSettings  # noqa: PLC0415
+    from postbox.inbox.webhooks.processes import ReceiverProcesses, listening_socket, shared_metrics  # noqa: PLC0415
+    from postbox.relay.core.logging import LoggingSettings  # noqa: PLC0415
 
     logging = load(LoggingSettings, args, os.environ).settings
     try:
@@ -219,9 +233,9 @@ def _stop_if_refused(settings: Any) -> None:
     CLI's dispatch prints it). A database that is merely down lets the receiver start, as before."""
     import psycopg  # noqa: PLC0415
 
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.core.migrate import applied_version, load_migrations  # noqa: PLC0415
-    from relay.core.operator_errors import (  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.migrate import applied_version, load_migrations  # noqa: PLC0415
+    from postbox.relay.core.operator_errors import (  # noqa: PLC0415
         OperatorMistake,
         SchemaState,
         permanent_connect_failure,
@@ -246,7 +260,7 @@ def _serve_on(settings: Any, max_connections: int, log_format: str, log_level: s
     """One of `--workers` receiver processes, on the socket its parent bound (inbox.webhooks.processes)."""
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from relay.core.logging import configure_logging  # noqa: PLC0415
+    from postbox.relay.core.logging import configure_logging  # noqa: PLC0415
 
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
     with start_tracing_for("receiver", os.environ) as tracing:  # the parent checked the OTEL_* variables
@@ -259,7 +273,7 @@ def _database_answers(settings: Any) -> tuple[bool, str]:
     import psycopg  # noqa: PLC0415
     from psycopg.conninfo import make_conninfo  # noqa: PLC0415
 
-    from relay.core.db import describe_error, liveness_options  # noqa: PLC0415
+    from postbox.relay.core.db import describe_error, liveness_options  # noqa: PLC0415
 
     conninfo = make_conninfo(settings.database_url, **liveness_options(settings.database_url))
     try:
@@ -275,10 +289,10 @@ def _receiver(settings: Any, max_connections: int, registry: Any, tracer: Any) -
     import uvicorn  # noqa: PLC0415
     from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
 
-    from inbox.webhooks.config import providers_from  # noqa: PLC0415
-    from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver, autocommit_in  # noqa: PLC0415
-    from inbox.webhooks.serving import SlowClientMetrics, protocol_with_header_deadline  # noqa: PLC0415
-    from relay.core.db import liveness_options  # noqa: PLC0415
+    from postbox.inbox.webhooks.config import providers_from  # noqa: PLC0415
+    from postbox.inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver, autocommit_in  # noqa: PLC0415
+    from postbox.inbox.webhooks.serving import SlowClientMetrics, protocol_with_header_deadline  # noqa: PLC0415
+    from postbox.relay.core.db import liveness_options  # noqa: PLC0415
 
     # open=False: the pool opens in the app's lifespan, inside uvicorn's event loop. A database that is
     # down at start is not fatal: requests answer 503 until it is back.
@@ -316,7 +330,7 @@ def _receiver(settings: Any, max_connections: int, registry: Any, tracer: Any) -
 
 
 def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.webhooks.worker import Webhooks, WebhookWorker  # noqa: PLC0415
+    from postbox.inbox.webhooks.worker import Webhooks, WebhookWorker  # noqa: PLC0415
 
     try:
         hooks = load_app(settings.app, Webhooks)
@@ -327,8 +341,8 @@ def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     SCHEMA_IN_USE.set(hooks.schema)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from inbox.webhooks.worker import WorkerMetrics  # noqa: PLC0415
-    from relay.core.ops_http import serving  # noqa: PLC0415
+    from postbox.inbox.webhooks.worker import WorkerMetrics  # noqa: PLC0415
+    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
 
     tracing = start_daemon_tracing("webhook-worker", parser)
     registry = CollectorRegistry()
@@ -349,9 +363,9 @@ def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.Argument
 def _cmd_reconcile(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     from datetime import UTC, datetime  # noqa: PLC0415
 
-    from inbox.webhooks.reconcile import reconcile  # noqa: PLC0415
-    from relay.core.daemon import Daemon  # noqa: PLC0415
-    from relay.core.db import connect, transient_database_error  # noqa: PLC0415
+    from postbox.inbox.webhooks.reconcile import reconcile  # noqa: PLC0415
+    from postbox.relay.core.daemon import Daemon  # noqa: PLC0415
+    from postbox.relay.core.db import connect, transient_database_error  # noqa: PLC0415
 
     try:
         target = load_app(settings.app)
@@ -386,8 +400,8 @@ def _cmd_reconcile(args: argparse.Namespace, settings: Any, parser: argparse.Arg
 
 
 def _cmd_prune_webhooks(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.webhooks.store import prune_webhooks  # noqa: PLC0415
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.inbox.webhooks.store import prune_webhooks  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         deleted = prune_webhooks(conn, settings.older_than, include_failed=settings.include_failed)
@@ -397,8 +411,8 @@ def _cmd_prune_webhooks(args: argparse.Namespace, settings: Any, parser: argpars
 
 
 def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.admin import consumer_status, failed_messages  # noqa: PLC0415
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.inbox.admin import consumer_status, failed_messages  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         found = consumer_status(conn, args.consumer)
@@ -419,8 +433,8 @@ def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.Argume
 
 
 def _cmd_status_webhooks(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from inbox.admin import failed_webhooks, webhook_status  # noqa: PLC0415
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.inbox.admin import failed_webhooks, webhook_status  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         found = webhook_status(conn)
@@ -437,8 +451,8 @@ def _cmd_status_webhooks(args: argparse.Namespace, settings: Any, parser: argpar
 def _cmd_requeue_webhooks(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     if not (args.provider or args.event_ids or args.event_type or args.error_like or args.all):
         parser.error("say which failed events: --provider, --id, --event-type, --error-like, or --all")
-    from inbox.admin import requeue_webhooks  # noqa: PLC0415
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.inbox.admin import requeue_webhooks  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         done = requeue_webhooks(
@@ -456,7 +470,7 @@ def _cmd_requeue_webhooks(args: argparse.Namespace, settings: Any, parser: argpa
 def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
     if not (args.ids or args.error_like or args.all):
         parser.error("say which failed messages: --id, --error-like, or --all")
-    from inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
+    from postbox.inbox.consumer import ConsumerSettings, InboxConsumer  # noqa: PLC0415
 
     try:
         app = _load_inbox(settings)

@@ -26,20 +26,20 @@ import structlog
 import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from inbox.handlers import Inbox, PermanentError, Unhandled
-from inbox.message import Message, MessageIdMissing, event_type_of
-from inbox.metrics import InboxMetrics
-from relay.core.backoff import backoff_delay
-from relay.core.daemon import Daemon
-from relay.core.db import (
+from postbox.inbox.handlers import Inbox, PermanentError, Unhandled
+from postbox.inbox.message import Message, MessageIdMissing, event_type_of
+from postbox.inbox.metrics import InboxMetrics
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.daemon import Daemon
+from postbox.relay.core.db import (
     connect,
     database_unavailable,
     describe_error,
     storable_text,
     transient_database_error,
 )
-from relay.core.kafka_config import with_structlog_logger
-from relay.core.settings import (
+from postbox.relay.core.kafka_config import with_structlog_logger
+from postbox.relay.core.settings import (
     Settings,
     SettingsError,
     setting,
@@ -47,13 +47,13 @@ from relay.core.settings import (
     shared_kafka_bootstrap,
     shared_kafka_config,
 )
-from relay.core.sql import query
-from relay.core.tracing import start_tracing_for
+from postbox.relay.core.sql import query
+from postbox.relay.core.tracing import start_tracing_for
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-    from inbox.tracing import BatchSpans
+    from postbox.inbox.tracing import BatchSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.inbox")
@@ -354,7 +354,7 @@ class InboxConsumer:
         if self._tracer is None:
             self._apply_work(work)
             return
-        from inbox.tracing import BatchSpans  # noqa: PLC0415  (OpenTelemetry is optional)
+        from postbox.inbox.tracing import BatchSpans  # noqa: PLC0415  (OpenTelemetry is optional)
 
         group = self.settings.group_id or self.inbox.consumer
         self._spans = BatchSpans(self._tracer, [w.message for w in work], group, self.inbox.consumer)

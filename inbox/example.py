@@ -2,7 +2,7 @@
 
     CREATE TABLE order_projection (order_id text PRIMARY KEY, total numeric, seq bigint NOT NULL);
 
-    postbox inbox consume --app inbox.example:inbox --topic outbox.event.order
+    postbox inbox consume --app postbox.inbox.example:inbox --topic outbox.event.order
 
 Each event is applied once (the inbox claim) and a late, older snapshot never overwrites a newer one (the
 version guard on `seq`). `postbox dev demo` runs it beside the relay.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inbox import Inbox, Message
-from inbox.helpers import upsert_snapshot
+from postbox.inbox import Inbox, Message
+from postbox.inbox.helpers import upsert_snapshot
 
 inbox = Inbox("orders-projection")
 

@@ -1,6 +1,6 @@
 """The handler API: register a function per event type; it gets the open transaction and the message.
 
-    from inbox import Inbox
+    from postbox.inbox import Inbox
 
     inbox = Inbox("billing")
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import psycopg
 
-from inbox.message import IdSource, Message
-from relay.core.db import DEFAULT_SCHEMA
+from postbox.inbox.message import IdSource, Message
+from postbox.relay.core.db import DEFAULT_SCHEMA
 
 Transaction = psycopg.Connection[Any]
 Handler = Callable[[Transaction, Message], None]

@@ -18,9 +18,9 @@ import psycopg
 import tenacity
 from psycopg import sql
 
-from relay.core.batched import delete_in_batches
-from relay.core.db import advisory_key, database_unavailable, transient_database_error
-from relay.core.sql import query
+from postbox.relay.core.batched import delete_in_batches
+from postbox.relay.core.db import advisory_key, database_unavailable, transient_database_error
+from postbox.relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
 T = TypeVar("T")

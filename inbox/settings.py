@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar
 
-from inbox.consumer import ConsumerSettings
-from inbox.helpers import DEFAULT_INBOX_RETENTION
-from inbox.webhooks.config import ProviderSettings
-from inbox.webhooks.store import DEFAULT_WEBHOOK_RETENTION
-from relay.core.settings import (
+from postbox.inbox.consumer import ConsumerSettings
+from postbox.inbox.helpers import DEFAULT_INBOX_RETENTION
+from postbox.inbox.webhooks.config import ProviderSettings
+from postbox.inbox.webhooks.store import DEFAULT_WEBHOOK_RETENTION
+from postbox.relay.core.settings import (
     DatabaseSettings,
     Renamed,
     Settings,

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 
-from inbox.message import Message
-from relay.core.tracing import carrier_of
+from postbox.inbox.message import Message
+from postbox.relay.core.tracing import carrier_of
 
 Coordinates = tuple[str, int, int]
 

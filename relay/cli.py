@@ -13,22 +13,22 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from relay import __version__
-from relay.core.logging import LoggingSettings
-from relay.core.settings import Settings, SettingsError, add_flags, load
-from relay.devstack.settings import DemoSettings, StackChoice, StackSettings
+from postbox.relay import __version__
+from postbox.relay.core.logging import LoggingSettings
+from postbox.relay.core.settings import Settings, SettingsError, add_flags, load
+from postbox.relay.devstack.settings import DemoSettings, StackChoice, StackSettings
 
 if TYPE_CHECKING:
-    from relay.core.operator_errors import OperatorError
-    from relay.outbox.settings import MigrateSettings
+    from postbox.relay.core.operator_errors import OperatorError
+    from postbox.relay.outbox.settings import MigrateSettings
 
 Handler = Callable[[argparse.Namespace, Any, argparse.ArgumentParser], int]
 
 
 def services() -> dict[str, type[Settings]]:
     """The daemons `postbox config check --service` and the README's tables describe."""
-    from inbox.settings import ConsumeSettings, ServeSettings, WorkSettings  # noqa: PLC0415
-    from relay.outbox.settings import RelaySettings  # noqa: PLC0415
+    from postbox.inbox.settings import ConsumeSettings, ServeSettings, WorkSettings  # noqa: PLC0415
+    from postbox.relay.outbox.settings import RelaySettings  # noqa: PLC0415
 
     return {
         "relay": RelaySettings,
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser, LoggingSettings, command=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from relay.outbox.settings import MigrateSettings  # noqa: PLC0415
+    from postbox.relay.outbox.settings import MigrateSettings  # noqa: PLC0415
 
     migrate = commands.add_parser("migrate", help="create or upgrade the postbox tables in a schema")
     add_flags(migrate, MigrateSettings)
@@ -95,10 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.set_defaults(handler=_cmd_config_reference)
 
-    from relay.outbox.cli import add_relay_commands  # noqa: PLC0415
+    from postbox.relay.outbox.cli import add_relay_commands  # noqa: PLC0415
 
     add_relay_commands(commands)
-    from inbox.cli import add_inbox_commands  # noqa: PLC0415
+    from postbox.inbox.cli import add_inbox_commands  # noqa: PLC0415
 
     add_inbox_commands(commands)
     return parser
@@ -107,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_migrate(args: argparse.Namespace, settings: MigrateSettings, parser: argparse.ArgumentParser) -> int:
     import psycopg  # noqa: PLC0415
 
-    from relay.core.migrate import created_by  # noqa: PLC0415
-    from relay.outbox.admin import migrate_schema  # noqa: PLC0415
+    from postbox.relay.core.migrate import created_by  # noqa: PLC0415
+    from postbox.relay.outbox.admin import migrate_schema  # noqa: PLC0415
 
     with psycopg.connect(settings.database_url) as conn:
         applied = migrate_schema(conn, settings.schema, settings.new_outbox_mode)
@@ -124,8 +124,8 @@ def _cmd_dev_up(args: argparse.Namespace, settings: StackSettings, parser: argpa
 
     import psycopg  # noqa: PLC0415
 
-    from relay.devstack.stack import local_stack, read_state  # noqa: PLC0415
-    from relay.outbox.admin import migrate_schema  # noqa: PLC0415
+    from postbox.relay.devstack.stack import local_stack, read_state  # noqa: PLC0415
+    from postbox.relay.outbox.admin import migrate_schema  # noqa: PLC0415
 
     if read_state(settings.name) is not None:
         parser.error(f"a stack named {settings.name!r} is already running; give this one another --name")
@@ -148,13 +148,13 @@ def _cmd_dev_up(args: argparse.Namespace, settings: StackSettings, parser: argpa
 
 
 def _cmd_dev_demo(args: argparse.Namespace, settings: DemoSettings, parser: argparse.ArgumentParser) -> int:
-    from relay.devstack.demo import run_demo  # noqa: PLC0415
+    from postbox.relay.devstack.demo import run_demo  # noqa: PLC0415
 
     return run_demo(settings.duration, settings.rate)
 
 
 def _cmd_dev_env(args: argparse.Namespace, settings: StackChoice, parser: argparse.ArgumentParser) -> int:
-    from relay.devstack.stack import read_state, running_stacks  # noqa: PLC0415
+    from postbox.relay.devstack.stack import read_state, running_stacks  # noqa: PLC0415
 
     info = read_state(settings.name)
     if info is None:
@@ -172,7 +172,7 @@ def _cmd_dev_env(args: argparse.Namespace, settings: StackChoice, parser: argpar
 
 
 def _cmd_config_check(args: argparse.Namespace, settings: None, parser: argparse.ArgumentParser) -> int:
-    from relay.core.config_check import check_service, known_variables, unknown_variables  # noqa: PLC0415
+    from postbox.relay.core.config_check import check_service, known_variables, unknown_variables  # noqa: PLC0415
 
     chosen = services() if args.service is None else {args.service: services()[args.service]}
     ok = True
@@ -206,7 +206,7 @@ _VARIABLE_FAMILIES = (
 def _generic_provider_families(environ: Mapping[str, str]) -> list[str]:
     """POSTBOX_WEBHOOK_<NAME>_ for each generic HMAC provider POSTBOX_WEBHOOK_GENERIC names (their
     variables are read by inbox.webhooks.config.providers_from, under the same prefix)."""
-    from relay.core.secrets import comma_list  # noqa: PLC0415
+    from postbox.relay.core.secrets import comma_list  # noqa: PLC0415
 
     names = comma_list(environ.get("POSTBOX_WEBHOOK_GENERIC", ""))
     return [f"POSTBOX_WEBHOOK_{name.upper().replace('-', '_')}_" for name in names]
@@ -242,7 +242,7 @@ def _further_checks(name: str, loaded: Any, *, connect: bool, timeout: float) ->
             lines.append(f"  app: {loaded.app} loaded ({type(app).__name__}, schema {app.schema})")
     if not connect:
         return lines, problems
-    from relay.core.config_check import check_database  # noqa: PLC0415
+    from postbox.relay.core.config_check import check_database  # noqa: PLC0415
 
     for shown, found in (
         check_database(loaded.database_url, schema),
@@ -254,7 +254,7 @@ def _further_checks(name: str, loaded: Any, *, connect: bool, timeout: float) ->
 
 
 def _kafka_check(name: str, loaded: Any, timeout: float) -> list[tuple[list[str], list[str]]]:
-    from relay.core.config_check import check_kafka  # noqa: PLC0415
+    from postbox.relay.core.config_check import check_kafka  # noqa: PLC0415
 
     if name == "relay":
         config = loaded.producer_config()  # exactly what the relay's producer gets
@@ -267,10 +267,10 @@ def _check_app(name: str, loaded: Any) -> tuple[Any, str | None]:
     """The service's --app object, or why it cannot be had: importing it runs the app's module, as the
     daemon's start would."""
     if name == "inbox":
-        from inbox.handlers import Inbox as kind  # noqa: PLC0415
+        from postbox.inbox.handlers import Inbox as kind  # noqa: PLC0415
     else:
-        from inbox.webhooks.worker import Webhooks as kind  # type: ignore[assignment]  # noqa: PLC0415
-    from inbox.cli import load_app  # noqa: PLC0415
+        from postbox.inbox.webhooks.worker import Webhooks as kind  # type: ignore[assignment]  # noqa: PLC0415
+    from postbox.inbox.cli import load_app  # noqa: PLC0415
 
     label = type(loaded).label("app")
     try:
@@ -284,7 +284,7 @@ def _check_app(name: str, loaded: Any) -> tuple[Any, str | None]:
 
 
 def _cmd_config_reference(args: argparse.Namespace, settings: None, parser: argparse.ArgumentParser) -> int:
-    from relay.core.settings import reference_table  # noqa: PLC0415
+    from postbox.relay.core.settings import reference_table  # noqa: PLC0415
 
     print(reference_table(services()[args.service]))
     return 0
@@ -293,7 +293,7 @@ def _cmd_config_reference(args: argparse.Namespace, settings: None, parser: argp
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from relay.core.logging import configure_logging  # noqa: PLC0415
+    from postbox.relay.core.logging import configure_logging  # noqa: PLC0415
 
     handler: Handler | None = getattr(args, "handler", None)
     settings_class: type[Settings] | None = getattr(args, "settings_class", None)
@@ -332,8 +332,8 @@ def _operator_error(exc: Exception, settings: object) -> OperatorError | None:
     """`exc` as one line and an exit code when it is an ordinary mistake (relay.core.operator_errors).
     After an error about a missing table, column or function it looks at the schema's migrations, so the
     line says whether the schema was never migrated, is behind, or (current: a bug) not an operator error."""
-    from relay.core.migrate import schema_state  # noqa: PLC0415
-    from relay.core.operator_errors import SCHEMA_IN_USE, explain, needs_schema_state  # noqa: PLC0415
+    from postbox.relay.core.migrate import schema_state  # noqa: PLC0415
+    from postbox.relay.core.operator_errors import SCHEMA_IN_USE, explain, needs_schema_state  # noqa: PLC0415
 
     dsn = getattr(settings, "database_url", None)
     schema = getattr(settings, "schema", None) or SCHEMA_IN_USE.get()
@@ -347,7 +347,7 @@ def _passwords(dsn: str | None) -> list[str | None]:
         return []
     from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
 
-    from relay.core.redact import url_password  # noqa: PLC0415
+    from postbox.relay.core.redact import url_password  # noqa: PLC0415
 
     try:
         keyword = conninfo_to_dict(dsn).get("password")

@@ -39,7 +39,7 @@ def schema(servers: Servers, relay_mode: str) -> Iterator[str]:
 
 @pytest.fixture
 def db(servers: Servers, schema: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     with connect(servers.database_url, schema, autocommit=True) as conn:
         yield conn
@@ -58,7 +58,7 @@ def bank(db: psycopg.Connection[tuple[object, ...]]) -> psycopg.Connection[tuple
 @pytest.fixture
 def own_kafka() -> Iterator[object]:
     """A broker of this test's own, for tests that stop, pause or reconfigure it."""
-    from relay.devstack.kafka import LocalKafka  # noqa: PLC0415
+    from postbox.relay.devstack.kafka import LocalKafka  # noqa: PLC0415
 
     kafka = LocalKafka().start()
     yield kafka
@@ -67,7 +67,7 @@ def own_kafka() -> Iterator[object]:
 
 @pytest.fixture
 def own_kafka_no_autocreate() -> Iterator[object]:
-    from relay.devstack.kafka import LocalKafka  # noqa: PLC0415
+    from postbox.relay.devstack.kafka import LocalKafka  # noqa: PLC0415
 
     kafka = LocalKafka(auto_create_topics=False).start()
     yield kafka
@@ -77,7 +77,7 @@ def own_kafka_no_autocreate() -> Iterator[object]:
 @pytest.fixture
 def own_postgres() -> Iterator[object]:
     """A PostgreSQL server of this test's own, for tests that crash-restart it."""
-    from relay.devstack.postgres import LocalPostgres, find_bin_dir  # noqa: PLC0415
+    from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir  # noqa: PLC0415
 
     postgres = LocalPostgres(find_bin_dir()).start()
     yield postgres

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import psycopg
 
-from relay.devstack.kafka import pom_version, resolve_classpath
-from relay.devstack.ports import free_port
+from postbox.relay.devstack.kafka import pom_version, resolve_classpath
+from postbox.relay.devstack.ports import free_port
 
 POM = Path(__file__).with_name("debezium-pom.xml")
 SLOT = "postbox_bench_debezium"

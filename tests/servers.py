@@ -53,7 +53,7 @@ def provide_servers() -> Iterator[Servers]:
             kafka = stack.enter_context(KafkaContainer("apache/kafka:4.1.1").with_kraft())
             yield Servers(pg.get_connection_url(), kafka.get_bootstrap_server(), "testcontainers")
         return
-    from relay.devstack.stack import local_stack  # noqa: PLC0415
+    from postbox.relay.devstack.stack import local_stack  # noqa: PLC0415
 
     with local_stack() as (_, _, info):
         yield Servers(info.database_url, info.kafka_bootstrap, "local runner")

@@ -17,7 +17,7 @@ from typing import Any, Self
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from relay.devstack.ports import free_port
+from postbox.relay.devstack.ports import free_port
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1, what: str = "") -> None:
@@ -89,14 +89,16 @@ class ChildProcess:
         env: dict[str, str] | None = None,
         log_level: str = "debug",
         open_files: int | None = None,
+        program: tuple[str, ...] = (sys.executable, "-m", "postbox"),
+        cwd: Path = REPO,
     ) -> None:
         self.log_path = Path(f"/tmp/postbox-test-{name}.log")
         self._log = self.log_path.open("ab")
-        command = [sys.executable, "-m", "relay.cli", "--log-format", "json", "--log-level", log_level, *args]
+        command = [*program, "--log-format", "json", "--log-level", log_level, *args]
         if open_files is not None:  # soft and hard limit both, so the process cannot raise it back
             command = ["prlimit", f"--nofile={open_files}:{open_files}", "--", *command]
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+            command, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env={**os.environ, **(env or {})}
         )
 
     def log(self) -> str:
@@ -183,9 +185,9 @@ def prepare_outbox(database_url: str, schema: str, mode: str = "queue") -> None:
     """Migrate `schema` and, for mode "log", switch its outbox to log mode."""
     import psycopg  # noqa: PLC0415
 
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.core.migrate import migrate  # noqa: PLC0415
-    from relay.outbox.admin import switch_mode  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.migrate import migrate  # noqa: PLC0415
+    from postbox.relay.outbox.admin import switch_mode  # noqa: PLC0415
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         migrate(conn, schema)

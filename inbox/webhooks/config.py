@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from inbox.webhooks.providers import GenericHmac, Marqeta, Provider, Shopify, Stripe
-from relay.core.secrets import comma_list, secret_list
-from relay.core.settings import (
+from postbox.inbox.webhooks.providers import GenericHmac, Marqeta, Provider, Shopify, Stripe
+from postbox.relay.core.secrets import comma_list, secret_list
+from postbox.relay.core.settings import (
     MissingSetting,
     Renamed,
     Settings,
@@ -24,7 +24,7 @@ from relay.core.settings import (
     load,
     setting,
 )
-from relay.core.settings import secret_list as secrets
+from postbox.relay.core.settings import secret_list as secrets
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from inbox.webhooks.providers import IncomingEvent
-from relay.core.db import transient_database_error
+from postbox.inbox.webhooks.providers import IncomingEvent
+from postbox.relay.core.db import transient_database_error
 
 EventKey = tuple[str, str]  # (provider, event_id): the webhook inbox's primary key
 # Runs one INSERT of these events (one statement, committed when it returns); the keys it stored.

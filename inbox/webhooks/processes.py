@@ -31,8 +31,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from relay.core import ops_http
-from relay.core.backoff import backoff_delay
+from postbox.relay.core import ops_http
+from postbox.relay.core.backoff import backoff_delay
 
 log = structlog.get_logger("postbox.webhooks")
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from inbox.message import IdSource, payload_field
+from postbox.inbox.message import IdSource, payload_field
 
 Headers = Mapping[str, str]  # lower-cased names
 

@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from inbox.webhooks.group_insert import EventKey, GroupInsert
-from inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
-from inbox.webhooks.store import INSERT_EVENTS, insert_params
-from relay.core.backoff import backoff_delay
-from relay.core.db import database_unavailable, describe_error, transient_database_error
-from relay.core.tracing import current_trace_context
+from postbox.inbox.webhooks.group_insert import EventKey, GroupInsert
+from postbox.inbox.webhooks.providers import IncomingEvent, MalformedWebhook, Provider, SignatureError
+from postbox.inbox.webhooks.store import INSERT_EVENTS, insert_params
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.db import database_unavailable, describe_error, transient_database_error
+from postbox.relay.core.tracing import current_trace_context
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -182,7 +182,7 @@ class WebhookReceiver:
         name = self._provider_of(scope) if self._tracer is not None else None
         if name is None or self._tracer is None:
             return await self._handle(scope, receive)
-        from inbox.tracing import receiving, replied  # noqa: PLC0415  (OpenTelemetry is optional)
+        from postbox.inbox.tracing import receiving, replied  # noqa: PLC0415  (OpenTelemetry is optional)
 
         with receiving(
             self._tracer, name, {k.decode("latin-1").lower(): v for k, v in scope["headers"]}

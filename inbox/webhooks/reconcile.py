@@ -10,8 +10,8 @@ from typing import Any, Protocol, cast
 
 import psycopg
 
-from inbox.webhooks.providers import IncomingEvent, stripe_event
-from inbox.webhooks.store import store_events
+from postbox.inbox.webhooks.providers import IncomingEvent, stripe_event
+from postbox.inbox.webhooks.store import store_events
 
 
 class Reconciler(Protocol):

@@ -11,9 +11,9 @@ from typing import Any
 
 import psycopg
 
-from inbox.webhooks.providers import IncomingEvent
-from relay.core.batched import delete_in_batches
-from relay.core.sql import query
+from postbox.inbox.webhooks.providers import IncomingEvent
+from postbox.relay.core.batched import delete_in_batches
+from postbox.relay.core.sql import query
 
 QUERIES = Path(__file__).with_name("queries.sql")
 INSERT_EVENTS = query(QUERIES, "insert_events")

@@ -24,11 +24,11 @@ import psycopg
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from inbox.handlers import PermanentError
-from inbox.webhooks.store import WebhookStatus
-from relay.core.backoff import backoff_delay
-from relay.core.daemon import Daemon
-from relay.core.db import (
+from postbox.inbox.handlers import PermanentError
+from postbox.inbox.webhooks.store import WebhookStatus
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.daemon import Daemon
+from postbox.relay.core.db import (
     DEFAULT_SCHEMA,
     connect,
     database_unavailable,
@@ -36,7 +36,7 @@ from relay.core.db import (
     storable_text,
     transient_database_error,
 )
-from relay.core.sql import query
+from postbox.relay.core.sql import query
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -252,7 +252,7 @@ class WebhookWorker:
         if self._tracer is None:
             self._settle(conn, event)
             return
-        from inbox.tracing import webhook_processing  # noqa: PLC0415  (OpenTelemetry is optional)
+        from postbox.inbox.tracing import webhook_processing  # noqa: PLC0415  (OpenTelemetry is optional)
 
         with webhook_processing(
             self._tracer, event.provider, event.event_id, event.event_type, event.attempt, event.headers

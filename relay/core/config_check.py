@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from relay.core.settings import MissingSetting, Settings, SettingsError, declared, describe, load
-from relay.core.tracing import DEFAULT_SERVICE_NAMES, TracingConfigError, plan_tracing
+from postbox.relay.core.settings import MissingSetting, Settings, SettingsError, declared, describe, load
+from postbox.relay.core.tracing import DEFAULT_SERVICE_NAMES, TracingConfigError, plan_tracing
 
 # A further check of a service whose settings are valid: (lines to show, problems), each problem one line.
 Check = Callable[[Any], tuple[list[str], list[str]]]
@@ -101,10 +101,10 @@ def check_database(dsn: str, schema: str | None) -> tuple[list[str], list[str]]:
     """Connect as a command would and compare the schema's migrations with this postbox's."""
     import psycopg  # noqa: PLC0415
 
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.core.migrate import applied_version, load_migrations  # noqa: PLC0415
-    from relay.core.operator_errors import SchemaState, explain, schema_verdict  # noqa: PLC0415
-    from relay.core.redact import url_password  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.migrate import applied_version, load_migrations  # noqa: PLC0415
+    from postbox.relay.core.operator_errors import SchemaState, explain, schema_verdict  # noqa: PLC0415
+    from postbox.relay.core.redact import url_password  # noqa: PLC0415
 
     try:
         with connect(
@@ -131,7 +131,7 @@ def check_kafka(
     from confluent_kafka import KafkaError, KafkaException  # noqa: PLC0415
     from confluent_kafka.admin import AdminClient  # noqa: PLC0415
 
-    from relay.core.kafka_logs import message_shape  # noqa: PLC0415
+    from postbox.relay.core.kafka_logs import message_shape  # noqa: PLC0415
 
     errors: list[str] = []
 

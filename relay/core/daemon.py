@@ -15,9 +15,9 @@ import psycopg
 import structlog
 import tenacity
 
-from relay.core.backoff import backoff_delay
-from relay.core.db import describe_error
-from relay.core.lifecycle import stop_on_signals
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.db import describe_error
+from postbox.relay.core.lifecycle import stop_on_signals
 
 
 class Daemon:

@@ -9,8 +9,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from relay.core.operator_errors import permanent_connect_failure
-from relay.core.redact import scrub, url_password
+from postbox.relay.core.operator_errors import permanent_connect_failure
+from postbox.relay.core.redact import scrub, url_password
 
 
 def advisory_key(namespace: str, name: str) -> int:

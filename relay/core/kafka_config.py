@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any, TypeVar
 
-from relay.core.secrets import secret
+from postbox.relay.core.secrets import secret
 
 _RDKAFKA_ENV = re.compile(r"^POSTBOX_RDKAFKA_([A-Z0-9_]+)$")
 
@@ -53,7 +53,7 @@ C = TypeVar("C", bound=dict[str, Any])
 
 @functools.cache
 def _shared_log_adapter() -> Any:
-    from relay.core.kafka_logs import KafkaLogAdapter  # noqa: PLC0415
+    from postbox.relay.core.kafka_logs import KafkaLogAdapter  # noqa: PLC0415
 
     return KafkaLogAdapter()
 

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 import structlog
 
-from relay.core.settings import Settings, setting
+from postbox.relay.core.settings import Settings, setting
 
 LogFormat = Literal["auto", "json", "console"]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from relay.core.db import advisory_key
-from relay.core.operator_errors import SchemaState
-from relay.core.sql import check_schema_name
+from postbox.relay.core.db import advisory_key
+from postbox.relay.core.operator_errors import SchemaState
+from postbox.relay.core.sql import check_schema_name
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 MIGRATIONS_TABLE = "postbox_migrations"
@@ -41,8 +41,8 @@ class Migration:
 
 
 def migrations_dir() -> Path:
-    """The shipped SQL: inside the wheel at relay/schemas, or the repo's top-level schemas/ in a checkout."""
-    packaged = Path(str(resources.files("relay"))) / "schemas" / "migrations"
+    """The shipped SQL: in the wheel at postbox/relay/schemas; in a checkout, the top-level schemas/."""
+    packaged = Path(str(resources.files("postbox.relay"))) / "schemas" / "migrations"
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parents[2] / "schemas" / "migrations"
@@ -98,7 +98,7 @@ def applied_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -
 def schema_state(dsn: str, schema: str) -> SchemaState | None:
     """Where `schema` stands against this postbox's migrations, or None when the database cannot tell us
     (it is down, refuses us): the caller then says what it can without it."""
-    from relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
     try:
         with connect(dsn, schema, autocommit=True, application_name="postbox-schema-check") as conn:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from relay.core.redact import scrub
+from postbox.relay.core.redact import scrub
 
 EX_UNAVAILABLE = 69
 EX_NOPERM = 77
@@ -151,7 +151,7 @@ def explain(
 
 
 def _explain(exc: BaseException, schema: str | None, state: SchemaState | None) -> OperatorError | None:
-    from relay.core.migrate import MigrationError  # noqa: PLC0415  (migrate needs this module's SchemaState)
+    from postbox.relay.core.migrate import MigrationError  # noqa: PLC0415  (migrate needs this module's SchemaState)
 
     if isinstance(exc, OperatorMistake):
         return exc.problem

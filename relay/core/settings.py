@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, Generic, TypeVar
 
-from relay.core.db import DEFAULT_SCHEMA, check_database_url
-from relay.core.kafka_config import kafka_config_from
-from relay.core.redact import MASK, redact
-from relay.core.secrets import comma_list
-from relay.core.secrets import secret as read_secret
-from relay.core.sql import check_schema_name
+from postbox.relay.core.db import DEFAULT_SCHEMA, check_database_url
+from postbox.relay.core.kafka_config import kafka_config_from
+from postbox.relay.core.redact import MASK, redact
+from postbox.relay.core.secrets import comma_list
+from postbox.relay.core.secrets import secret as read_secret
+from postbox.relay.core.sql import check_schema_name
 
 _KEY = "postbox.setting"
 NO_DEFAULT = "\N{EN DASH}"  # how --help and the README's tables show "no default"

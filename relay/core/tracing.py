@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from relay.core.settings import SettingsError
+from postbox.relay.core.settings import SettingsError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer

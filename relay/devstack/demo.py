@@ -2,9 +2,9 @@
 
 A writer service commits an order row and its outbox event in one transaction a few times a second; the
 relay (a real `postbox relay run` child process) publishes them; a plain Kafka consumer prints what arrives;
-a downstream service (`inbox.example`, a real `postbox inbox consume` child process) applies each event once
-to its own projection table. At the end both get SIGTERM and the demo prints what was written, published,
-received and applied.
+a downstream service (`postbox.inbox.example`, a real `postbox inbox consume` child process) applies each
+event once to its own projection table. At the end both get SIGTERM and the demo prints what was written,
+published, received and applied.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Consumer
 
-from relay.core.db import DEFAULT_SCHEMA
-from relay.devstack.ports import free_port
-from relay.devstack.stack import StackInfo, local_stack
-from relay.outbox import enqueue
-from relay.outbox.admin import migrate_schema
+from postbox.relay.core.db import DEFAULT_SCHEMA
+from postbox.relay.devstack.ports import free_port
+from postbox.relay.devstack.stack import StackInfo, local_stack
+from postbox.relay.outbox import enqueue
+from postbox.relay.outbox.admin import migrate_schema
 
 TOPIC = "outbox.event.order"
 AGGREGATES = 7  # a few orders, updated again and again, so per-key order is visible on the topic
@@ -86,7 +86,7 @@ def _watcher(bootstrap: str, stop: threading.Event, received: list[str]) -> None
 
 def _child(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "relay.cli", "--log-format", "json", *args],
+        [sys.executable, "-m", "postbox", "--log-format", "json", *args],
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
     )
@@ -123,7 +123,8 @@ def _start_services(info: StackInfo, schema: str, logs: Path) -> tuple[subproces
         logs / "relay.log",
     )
     inbox = _child(
-        ["inbox", "consume", *common, "--app", "inbox.example:inbox", "--topics", TOPIC], logs / "inbox.log"
+        ["inbox", "consume", *common, "--app", "postbox.inbox.example:inbox", "--topics", TOPIC],
+        logs / "inbox.log",
     )
     return relay, inbox
 
@@ -145,7 +146,7 @@ def run_demo(duration: float, rate: float, schema: str = DEFAULT_SCHEMA) -> int:
         logs = Path(tempfile.mkdtemp(prefix="postbox-demo-"))
         relay, inbox = _start_services(info, schema, logs)
         print(
-            f"relay (pid {relay.pid}) and inbox consumer inbox.example (pid {inbox.pid}) running; "
+            f"relay (pid {relay.pid}) and inbox consumer postbox.inbox.example (pid {inbox.pid}) running; "
             f"logs in {logs}"
         )
         print(f"writing {rate:g} orders/s, each with its outbox event in one transaction; watching {TOPIC}:")

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relay.devstack.ports import free_port, wait_for_port
+from postbox.relay.devstack.ports import free_port, wait_for_port
 
 POM = Path(__file__).with_name("kafka-pom.xml")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from relay.devstack.ports import free_port
+from postbox.relay.devstack.ports import free_port
 
 # PostgreSQL refuses to run as root; as root we run it as this system user (created on first use).
 SERVER_USER = "postbox-pg"

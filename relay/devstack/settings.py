@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from relay.core.settings import Settings, setting, shared_schema
-from relay.devstack.stack import check_stack_name
+from postbox.relay.core.settings import Settings, setting, shared_schema
+from postbox.relay.devstack.stack import check_stack_name
 
 
 def _stack_name(value: str) -> str:

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.devstack.kafka import LocalKafka, cache_dir
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.devstack.kafka import LocalKafka, cache_dir
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 
 DEFAULT_STACK = "default"
 
@@ -75,7 +75,7 @@ def local_stack(
 ) -> Iterator[tuple[LocalPostgres, LocalKafka, StackInfo]]:
     """Start both servers, yield them, and stop both (removing their data) whatever happens inside.
     publish_state: write the stack's state file under `name`, unless a live stack already holds it."""
-    from relay.devstack.kafka import kafka_version  # noqa: PLC0415
+    from postbox.relay.devstack.kafka import kafka_version  # noqa: PLC0415
 
     postgres = LocalPostgres(find_bin_dir(pg))
     kafka = LocalKafka(nodes_count=kafka_nodes, auto_create_topics=auto_create_topics)

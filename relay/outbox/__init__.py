@@ -1,12 +1,12 @@
 """The outbox side: application code enqueues events in its own transaction; the relay daemon publishes them.
 
-from relay.outbox import enqueue
+from postbox.relay.outbox import enqueue
 with conn.transaction():
     conn.execute("INSERT INTO orders ...")
     event_id = enqueue(conn, "order", order_id, "OrderCreated", {"id": order_id, "total": "9.99"})
 """
 
-from relay.outbox.enqueue import (
+from postbox.relay.outbox.enqueue import (
     OutboxEvent,
     PayloadError,
     enqueue,

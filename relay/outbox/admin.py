@@ -9,10 +9,10 @@ from pathlib import Path
 
 import psycopg
 
-from relay.core.batched import delete_in_batches
-from relay.core.migrate import Migration, migrate
-from relay.core.sql import query
-from relay.outbox.log_reader import log_started, shards_behind_switch, take_tick
+from postbox.relay.core.batched import delete_in_batches
+from postbox.relay.core.migrate import Migration, migrate
+from postbox.relay.core.sql import query
+from postbox.relay.outbox.log_reader import log_started, shards_behind_switch, take_tick
 
 QUERIES = Path(__file__).with_name("queries.sql")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from relay.core.settings import DatabaseSettings, add_flags
+from postbox.relay.core.settings import DatabaseSettings, add_flags
 
 
 def add_relay_commands(commands: Any) -> None:
-    from relay.outbox.settings import PruneSettings, RelaySettings  # noqa: PLC0415
+    from postbox.relay.outbox.settings import PruneSettings, RelaySettings  # noqa: PLC0415
 
     relay = commands.add_parser("relay", help="publish outbox rows to Kafka, and operate the outbox")
     sub = relay.add_subparsers(dest="relay_command", metavar="RELAY_COMMAND", required=True)
@@ -63,12 +63,12 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
     import structlog  # noqa: PLC0415
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.core.ops_http import serving  # noqa: PLC0415
-    from relay.core.tracing import start_daemon_tracing  # noqa: PLC0415
-    from relay.outbox.daemon import FatalRelayError, Relay, RelayConfigurationError  # noqa: PLC0415
-    from relay.outbox.metrics import RelayMetrics, record_librdkafka_statistics  # noqa: PLC0415
-    from relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
+    from postbox.relay.core.tracing import start_daemon_tracing  # noqa: PLC0415
+    from postbox.relay.outbox.daemon import FatalRelayError, Relay, RelayConfigurationError  # noqa: PLC0415
+    from postbox.relay.outbox.metrics import RelayMetrics, record_librdkafka_statistics  # noqa: PLC0415
+    from postbox.relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
 
     log = structlog.get_logger("postbox.relay")
     # A relay paused (or cut off) mid-batch must not hold its row and shard locks forever: the server ends
@@ -110,9 +110,9 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
 
 
 def _cmd_status(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.core.sql import query  # noqa: PLC0415
-    from relay.outbox.admin import QUERIES, foreign_log, log_progress, status  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.core.sql import query  # noqa: PLC0415
+    from postbox.relay.outbox.admin import QUERIES, foreign_log, log_progress, status  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema, autocommit=True) as conn:
         st = status(conn)
@@ -165,8 +165,8 @@ def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.Argum
             "say which failed rows: --id, --aggregate-type, --event-type, --error-like, or --all "
             "(or --stranded for the stranded rows)"
         )
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.outbox.admin import requeue, requeue_stranded  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.outbox.admin import requeue, requeue_stranded  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         if args.stranded:
@@ -184,8 +184,8 @@ def _cmd_requeue(args: argparse.Namespace, settings: Any, parser: argparse.Argum
 
 
 def _cmd_switch_mode(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.outbox.admin import SwitchRefused, switch_mode  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.outbox.admin import SwitchRefused, switch_mode  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         try:
@@ -208,8 +208,8 @@ def _cmd_switch_mode(args: argparse.Namespace, settings: Any, parser: argparse.A
 
 
 def _cmd_rebase(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.outbox.admin import NothingToRebase, SwitchRefused, rebase  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.outbox.admin import NothingToRebase, SwitchRefused, rebase  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         try:
@@ -226,8 +226,8 @@ def _cmd_rebase(args: argparse.Namespace, settings: Any, parser: argparse.Argume
 
 
 def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.outbox.admin import prune  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.outbox.admin import prune  # noqa: PLC0415
 
     with connect(settings.database_url, settings.schema) as conn:
         pruned = prune(conn, settings.older_than, batch_size=settings.batch_size)

@@ -31,17 +31,17 @@ import structlog
 import tenacity
 from psycopg.types.string import TextLoader
 
-from relay.core.backoff import backoff_delay
-from relay.core.daemon import Daemon
-from relay.core.db import advisory_key, describe_error, transient_database_error
-from relay.core.sql import query
-from relay.core.tracing import TRACING_OFF, Tracing
-from relay.outbox import admin
-from relay.outbox.errors import Disposition
-from relay.outbox.held import HeldAggregates
-from relay.outbox.lane_turns import LaneTurns
-from relay.outbox.leases import LeaseKeeper
-from relay.outbox.log_reader import (
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.daemon import Daemon
+from postbox.relay.core.db import advisory_key, describe_error, transient_database_error
+from postbox.relay.core.sql import query
+from postbox.relay.core.tracing import TRACING_OFF, Tracing
+from postbox.relay.outbox import admin
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.held import HeldAggregates
+from postbox.relay.outbox.lane_turns import LaneTurns
+from postbox.relay.outbox.leases import LeaseKeeper
+from postbox.relay.outbox.log_reader import (
     LogPage,
     LogReader,
     log_started,
@@ -49,10 +49,10 @@ from relay.outbox.log_reader import (
     prune_ticks,
     shards_behind_switch,
 )
-from relay.outbox.metrics import RelayMetrics
-from relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
-from relay.outbox.publisher import Publisher, Sending
-from relay.outbox.routing import (
+from postbox.relay.outbox.metrics import RelayMetrics
+from postbox.relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
+from postbox.relay.outbox.publisher import Publisher, Sending
+from postbox.relay.outbox.routing import (
     Message,
     OutboxRow,
     RoutingError,
@@ -62,11 +62,11 @@ from relay.outbox.routing import (
     to_message,
     unpreparable_reason,
 )
-from relay.outbox.settings import RelaySettings, mode_to_follow
-from relay.outbox.shares import split_lanes
+from postbox.relay.outbox.settings import RelaySettings, mode_to_follow
+from postbox.relay.outbox.shares import split_lanes
 
 if TYPE_CHECKING:
-    from relay.outbox.tracing import PublishSpans
+    from postbox.relay.outbox.tracing import PublishSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
@@ -214,7 +214,7 @@ class Relay:
             else None
         )
         if tracing.tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
-            from relay.outbox.tracing import PublishSpans  # noqa: PLC0415
+            from postbox.relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
             self._spans = PublishSpans(tracing.tracer, tracing.follows_parent)
 

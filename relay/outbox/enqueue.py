@@ -17,11 +17,11 @@ from typing import Any
 
 from psycopg import sql
 
-from relay.core.db import DEFAULT_SCHEMA
-from relay.core.sql import name_for_parameters
-from relay.core.tracing import current_trace_context, with_trace_context
-from relay.outbox.payload import JsonDefault, PayloadError, aggregate_key, encode_json
-from relay.outbox.writers import Row, check_target, execute_async, execute_sync
+from postbox.relay.core.db import DEFAULT_SCHEMA
+from postbox.relay.core.sql import name_for_parameters
+from postbox.relay.core.tracing import current_trace_context, with_trace_context
+from postbox.relay.outbox.payload import JsonDefault, PayloadError, aggregate_key, encode_json
+from postbox.relay.outbox.writers import Row, check_target, execute_async, execute_sync
 
 __all__ = [
     "OutboxEvent",

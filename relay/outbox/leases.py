@@ -10,8 +10,8 @@ from pathlib import Path
 import psycopg
 import structlog
 
-from relay.core.sql import query
-from relay.outbox.shares import fair_share
+from postbox.relay.core.sql import query
+from postbox.relay.outbox.shares import fair_share
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.relay.leases")

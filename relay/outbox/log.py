@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, replace
 
-from relay.outbox.outcome import RowOutcome, RowState
+from postbox.relay.outbox.outcome import RowOutcome, RowState
 
 
 @dataclass(frozen=True, slots=True)

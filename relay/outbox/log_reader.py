@@ -21,10 +21,10 @@ from typing import Any
 
 import psycopg
 
-from relay.core.backoff import backoff_delay
-from relay.core.db import advisory_key
-from relay.core.sql import query
-from relay.outbox.log import (
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.db import advisory_key
+from postbox.relay.core.sql import query
+from postbox.relay.outbox.log import (
     Cursor,
     DeferredCursors,
     after_batch,
@@ -33,7 +33,7 @@ from relay.outbox.log import (
     next_group,
     open_window,
 )
-from relay.outbox.outcome import BatchOutcome, RowState
+from postbox.relay.outbox.outcome import BatchOutcome, RowState
 
 QUERIES = Path(__file__).with_name("queries.sql")
 Connection = psycopg.Connection[tuple[Any, ...]]

@@ -13,7 +13,7 @@ from enum import StrEnum
 from functools import cached_property
 from typing import NamedTuple
 
-from relay.outbox.errors import Disposition
+from postbox.relay.outbox.errors import Disposition
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ from typing import Any, NamedTuple, Protocol
 import tenacity
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from relay.core.kafka_config import with_structlog_logger
-from relay.outbox.errors import Disposition, classify
-from relay.outbox.outcome import DELIVERED, Delivery
-from relay.outbox.routing import ID_HEADER, Message
+from postbox.relay.core.kafka_config import with_structlog_logger
+from postbox.relay.outbox.errors import Disposition, classify
+from postbox.relay.outbox.outcome import DELIVERED, Delivery
+from postbox.relay.outbox.routing import ID_HEADER, Message
 
 
 class Publisher(Protocol):

@@ -215,7 +215,9 @@ def load_headers(text: str) -> dict[str, object]:
     return headers
 
 
-_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # the relay package's directory
+# The relay package's directory as this module was imported (not resolved: in a checkout postbox/relay is a
+# symbolic link, and the frames' file names carry the path they were imported by).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def raised_in(exc: BaseException) -> str:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import ClassVar
 
-from relay.core.redact import redact
-from relay.core.settings import (
+from postbox.relay.core.redact import redact
+from postbox.relay.core.settings import (
     DatabaseSettings,
     Renamed,
     Settings,
@@ -24,8 +24,8 @@ from relay.core.settings import (
     shared_metrics_address,
     shared_schema,
 )
-from relay.core.sql import check_schema_name
-from relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, ID_HEADER, validate_topic_template
+from postbox.relay.core.sql import check_schema_name
+from postbox.relay.outbox.routing import DEFAULT_TOPIC_TEMPLATE, ID_HEADER, validate_topic_template
 
 # The relay's safety rests on these producer settings; a pass-through value may not weaken them.
 _REQUIRED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}

@@ -18,10 +18,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from relay.core.tracing import carrier_of
-from relay.outbox.outcome import Delivery, RowState
-from relay.outbox.publisher import Ack
-from relay.outbox.routing import Message, OutboxRow
+from postbox.relay.core.tracing import carrier_of
+from postbox.relay.outbox.outcome import Delivery, RowState
+from postbox.relay.outbox.publisher import Ack
+from postbox.relay.outbox.routing import Message, OutboxRow
 
 # The record's trace context is W3C Trace Context, what Debezium's consumers read, whatever else the
 # application propagates: the writer's traceparent in the row is parsed as W3C, and the record's written as

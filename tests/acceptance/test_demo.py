@@ -12,7 +12,7 @@ from tests.support import REPO
 
 def test_the_demo_shows_events_flowing_and_nothing_missing() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "relay.cli", "dev", "demo", "--duration", "4", "--rate", "10"],
+        [sys.executable, "-m", "postbox", "dev", "demo", "--duration", "4", "--rate", "10"],
         capture_output=True,
         text=True,
         timeout=170,

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from relay.devstack.ports import free_port
-from relay.outbox import enqueue
+from postbox.relay.devstack.ports import free_port
+from postbox.relay.outbox import enqueue
 from tests.servers import Servers
 from tests.support import REPO, wait_until
 
@@ -51,7 +51,7 @@ def test_the_readme_relay_and_inbox_commands_apply_events_in_the_example_handler
 ) -> None:
     migrate = readme_command("postbox migrate ")
     relay = readme_command("postbox relay run ").replace("broker:9092", servers.kafka_bootstrap)
-    consume = readme_command("postbox inbox consume --app inbox.example:inbox")
+    consume = readme_command("postbox inbox consume --app postbox.inbox.example:inbox")
     assert "--event-type-header" not in relay, "the README's relay command takes the defaults"
     url = database
     env = {

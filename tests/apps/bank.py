@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from inbox import Inbox, Message, PermanentError
+from postbox.inbox import Inbox, Message, PermanentError
 
 inbox = Inbox(
     "bank", max_attempts=3, retry_backoff=0.01, dead_letter_topic=os.environ.get("BANK_DLQ") or None

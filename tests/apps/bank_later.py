@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inbox import Inbox, Message
+from postbox.inbox import Inbox, Message
 from tests.apps.bank import deposit, log_applied
 
 inbox = Inbox("bank", max_attempts=3, retry_backoff=0.01)

@@ -8,8 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from inbox.webhooks.providers import IncomingEvent
-from inbox.webhooks.worker import WebhookEvent, Webhooks
+from postbox.inbox.webhooks.providers import IncomingEvent
+from postbox.inbox.webhooks.worker import WebhookEvent, Webhooks
 
 hooks = Webhooks(max_attempts=3, visibility_timeout=2.0, retry_backoff=0.05)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inbox import Inbox, Message
+from postbox.inbox import Inbox, Message
 
 inbox = Inbox("ledger", max_attempts=5, retry_backoff=0.05)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inbox import Inbox, Message
+from postbox.inbox import Inbox, Message
 
 inbox = Inbox("bench-noop")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from opentelemetry import baggage, context, trace
 
-from inbox import Inbox, Message
+from postbox.inbox import Inbox, Message
 
 inbox = Inbox("traced")
 
@@ -38,8 +38,8 @@ def main(database_url: str, schema: str, order_id: str, topic: str) -> None:
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
 
-    from relay.core.db import connect  # noqa: PLC0415
-    from relay.outbox.enqueue import enqueue  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
+    from postbox.relay.outbox.enqueue import enqueue  # noqa: PLC0415
 
     provider = TracerProvider(resource=Resource.create({"service.name": "order-service"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

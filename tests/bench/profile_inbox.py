@@ -19,10 +19,10 @@ import uuid
 
 import psycopg
 
-from inbox.consumer import ConsumerSettings, InboxConsumer
-from relay.core.logging import configure_logging
-from relay.devstack.kafka import LocalKafka
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.inbox.consumer import ConsumerSettings, InboxConsumer
+from postbox.relay.core.logging import configure_logging
+from postbox.relay.devstack.kafka import LocalKafka
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from tests.apps.noop import inbox
 from tests.bench.run import PARTITIONS, Servers, bench_raw_producer, payload_of
 

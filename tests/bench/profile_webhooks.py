@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psycopg
 
-from relay.core.migrate import migrate
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.core.migrate import migrate
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from tests.bench.run import SCHEMA, process_usage, run_wrk, signed_stripe_requests, workers_flag
 from tests.support import ReceiverProcess
 

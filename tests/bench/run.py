@@ -59,20 +59,20 @@ import confluent_kafka
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from inbox.consumer import QUERIES as INBOX_QUERIES
-from inbox.webhooks.providers import stripe_signature_header
-from relay.core.db import connect
-from relay.core.migrate import migrate
-from relay.core.sql import query
-from relay.devstack.kafka import LocalKafka, kafka_version
-from relay.devstack.ports import free_port
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
-from relay.outbox import enqueue
-from relay.outbox.admin import switch_mode
-from relay.outbox.daemon import QUERIES
-from relay.outbox.log_reader import LogReader
-from relay.outbox.outcome import DELIVERED, decide
-from relay.outbox.settings import (
+from postbox.inbox.consumer import QUERIES as INBOX_QUERIES
+from postbox.inbox.webhooks.providers import stripe_signature_header
+from postbox.relay.core.db import connect
+from postbox.relay.core.migrate import migrate
+from postbox.relay.core.sql import query
+from postbox.relay.devstack.kafka import LocalKafka, kafka_version
+from postbox.relay.devstack.ports import free_port
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.outbox import enqueue
+from postbox.relay.outbox.admin import switch_mode
+from postbox.relay.outbox.daemon import QUERIES
+from postbox.relay.outbox.log_reader import LogReader
+from postbox.relay.outbox.outcome import DELIVERED, decide
+from postbox.relay.outbox.settings import (
     DEFAULT_MESSAGE_MAX_BYTES,
     LOG_BATCH_ROWS,
     QUEUE_BATCH_ROWS,

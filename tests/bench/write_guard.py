@@ -20,9 +20,9 @@ import uuid
 
 import psycopg
 
-from relay.core.migrate import migrate
-from relay.outbox import OutboxEvent, enqueue, enqueue_many
-from relay.outbox.admin import switch_mode
+from postbox.relay.core.migrate import migrate
+from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
+from postbox.relay.outbox.admin import switch_mode
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

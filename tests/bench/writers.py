@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 
-from relay.core.migrate import migrate
-from relay.outbox import OutboxEvent, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from postbox.relay.core.migrate import migrate
+from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 
 PAYLOAD = {"order": "o-1", "total": "12.30", "note": "x" * 100}
 COLUMNS = "(event_id, aggregate_type, aggregate_id, event_type, payload, headers)"

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from relay.devstack.kafka import LocalKafka
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
-from relay.outbox import OutboxEvent, enqueue_many
+from postbox.relay.devstack.kafka import LocalKafka
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.outbox import OutboxEvent, enqueue_many
 from tests.apps.ledger import SCHEMA_SQL
 from tests.chaos.checker import Report, check
 from tests.support import (

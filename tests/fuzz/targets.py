@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import atheris
 
-from inbox.message import IdSource, MessageIdMissing, event_type_of
-from inbox.webhooks.config import providers_from_env
-from inbox.webhooks.providers import (
+from postbox.inbox.message import IdSource, MessageIdMissing, event_type_of
+from postbox.inbox.webhooks.config import providers_from_env
+from postbox.inbox.webhooks.providers import (
     GenericHmac,
     MalformedWebhook,
     Marqeta,
@@ -29,12 +29,12 @@ from inbox.webhooks.providers import (
     Stripe,
     stripe_signature_header,
 )
-from relay.cli import services
-from relay.core.kafka_config import parse_kafka_config
-from relay.core.redact import redact, scrub
-from relay.core.settings import declared, duration, load
-from relay.outbox.enqueue import OutboxEvent, PayloadError, _row
-from relay.outbox.routing import OutboxRow, RoutingError, check_topic_name, to_message, topic_for
+from postbox.relay.cli import services
+from postbox.relay.core.kafka_config import parse_kafka_config
+from postbox.relay.core.redact import redact, scrub
+from postbox.relay.core.settings import declared, duration, load
+from postbox.relay.outbox.enqueue import OutboxEvent, PayloadError, _row
+from postbox.relay.outbox.routing import OutboxRow, RoutingError, check_topic_name, to_message, topic_for
 
 NOW = 1_800_000_000
 SECRET = "whsec_fuzz"

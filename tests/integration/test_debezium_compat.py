@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
-from relay.outbox import enqueue
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.outbox import enqueue
 from tests.debezium import DebeziumConnect
 from tests.servers import Servers
 from tests.support import Record, RelayProcess, create_topic, prepare_outbox, read_topic, wait_until

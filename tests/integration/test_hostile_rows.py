@@ -16,9 +16,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relay.core.db import connect
-from relay.core.migrate import load_migrations
-from relay.core.sql import name_for_parameters
+from postbox.relay.core.db import connect
+from postbox.relay.core.migrate import load_migrations
+from postbox.relay.core.sql import name_for_parameters
 from tests.servers import Servers
 from tests.support import REPO, RelayProcess, read_topic, wait_until
 
@@ -146,7 +146,7 @@ def odd_schema(servers: Servers) -> Iterator[str]:
 
 def postbox(servers: Servers, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relay.cli", *args, "--database-url", servers.database_url],
+        [sys.executable, "-m", "postbox", *args, "--database-url", servers.database_url],
         check=False,
         capture_output=True,
         text=True,
@@ -192,7 +192,7 @@ def test_a_schema_name_search_path_cannot_address_is_refused_not_migrated_elsewh
     """`$user` in search_path means the session user's schema, quoted or not: migrating "$user" put every
     table into public (or into the role's own schema) and recorded it as migrated. Run inside a transaction
     that is rolled back, so that the code as it was leaves no trace in the shared database."""
-    from relay.core.migrate import MigrationError, migrate  # noqa: PLC0415
+    from postbox.relay.core.migrate import MigrationError, migrate  # noqa: PLC0415
 
     with psycopg.connect(servers.database_url) as conn:
         try:

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from inbox.helpers import advisory_guard, prune_inbox, run_serializable, upsert_snapshot
-from relay.core.migrate import migrate
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.inbox.helpers import advisory_guard, prune_inbox, run_serializable, upsert_snapshot
+from postbox.relay.core.migrate import migrate
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 
 Conn = psycopg.Connection[Any]
 

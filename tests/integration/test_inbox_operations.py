@@ -27,7 +27,7 @@ def inbox_cli(
         [
             sys.executable,
             "-m",
-            "relay.cli",
+            "postbox",
             "inbox",
             *args,
             "--database-url",
@@ -214,7 +214,7 @@ def test_the_webhook_worker_reconnects_after_its_session_is_terminated(
 def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart(
     servers: Servers, own_postgres: Any
 ) -> None:
-    from relay.core.migrate import migrate  # noqa: PLC0415
+    from postbox.relay.core.migrate import migrate  # noqa: PLC0415
     from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
     from tests.support import InboxProcess, create_topic, execute_script, produce  # noqa: PLC0415
 
@@ -258,7 +258,7 @@ def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart
 def test_the_scheduled_reconciler_carries_on_after_a_database_restart(own_postgres: Any) -> None:
     """`reconcile --every` runs on the daemon skeleton: a pass that finds the database gone is logged and
     retried after a backoff, the process stays up, and the passes after the restart store events again."""
-    from relay.core.migrate import migrate  # noqa: PLC0415
+    from postbox.relay.core.migrate import migrate  # noqa: PLC0415
     from tests.support import ChildProcess  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:

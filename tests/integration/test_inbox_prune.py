@@ -16,7 +16,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 def _postbox(servers: Servers, schema: str, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "relay.cli", "inbox", *args, "--database-url", servers.database_url,
+        [sys.executable, "-m", "postbox", "inbox", *args, "--database-url", servers.database_url,
          "--schema", schema, "--older-than", "60s"],
         check=True, capture_output=True, text=True, cwd=REPO, timeout=60,
     )  # fmt: skip

@@ -6,7 +6,7 @@ import uuid
 
 from confluent_kafka import Producer
 
-from relay.devstack.kafka import LocalKafka
+from postbox.relay.devstack.kafka import LocalKafka
 from tests.support import create_topic, read_topic
 
 

@@ -16,9 +16,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from relay.core.db import advisory_key, connect
-from relay.outbox import OutboxEvent, enqueue, enqueue_many
-from relay.outbox.admin import SwitchRefused, log_progress, prune, requeue, switch_mode
+from postbox.relay.core.db import advisory_key, connect
+from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
+from postbox.relay.outbox.admin import SwitchRefused, log_progress, prune, requeue, switch_mode
 from tests.servers import Servers
 from tests.support import (
     RelayProcess,
@@ -287,7 +287,7 @@ def test_finished_partitions_are_emptied_whole_and_no_unread_open_or_parked_row_
 
 
 def _status(servers: Servers, schema: str) -> str:
-    command = [sys.executable, "-m", "relay.cli", "relay", "status", "--database-url", servers.database_url]
+    command = [sys.executable, "-m", "postbox", "relay", "status", "--database-url", servers.database_url]
     return subprocess.run([*command, "--schema", schema], capture_output=True, text=True, check=True).stdout
 
 

@@ -10,10 +10,10 @@ import uuid
 import psycopg
 import pytest
 
-from relay.core.migrate import Migration, MigrationError, load_migrations, migrate
-from relay.outbox import enqueue
-from relay.outbox.admin import migrate_schema
-from relay.outbox.daemon import NOTIFY_CHANNEL
+from postbox.relay.core.migrate import Migration, MigrationError, load_migrations, migrate
+from postbox.relay.outbox import enqueue
+from postbox.relay.outbox.admin import migrate_schema
+from postbox.relay.outbox.daemon import NOTIFY_CHANNEL
 from tests.servers import Servers
 from tests.support import REPO, RelayProcess, followed_modes, outbox_states, read_topic, wait_until
 
@@ -69,7 +69,7 @@ def test_postbox_migrate_starts_a_new_outbox_in_log_mode_and_leaves_an_existing_
         migrate(conn, existing)
 
     def postbox_migrate(schema: str, *flags: str) -> str:
-        command = [sys.executable, "-m", "relay.cli", "migrate", "--database-url", servers.database_url]
+        command = [sys.executable, "-m", "postbox", "migrate", "--database-url", servers.database_url]
         done = subprocess.run(
             [*command, "--schema", schema, *flags], capture_output=True, text=True, cwd=REPO, check=False
         )

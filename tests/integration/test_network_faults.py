@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.core.migrate import migrate
-from relay.devstack.kafka import LocalKafka
+from postbox.relay.core.migrate import migrate
+from postbox.relay.devstack.kafka import LocalKafka
 from tests.chaos.netns import NetNamespace
 from tests.integration.test_relay_faults import write_sequenced
 from tests.servers import Servers

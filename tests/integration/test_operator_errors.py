@@ -23,10 +23,10 @@ import pytest
 from confluent_kafka import Producer
 from psycopg.conninfo import make_conninfo
 
-from relay.core.kafka_logs import message_shape
-from relay.core.migrate import load_migrations, migrate
-from relay.devstack.ports import free_port
-from relay.outbox import enqueue
+from postbox.relay.core.kafka_logs import message_shape
+from postbox.relay.core.migrate import load_migrations, migrate
+from postbox.relay.devstack.ports import free_port
+from postbox.relay.outbox import enqueue
 from tests.servers import Servers
 from tests.support import REPO, ChildProcess, wait_until
 
@@ -38,7 +38,7 @@ def postbox(
 ) -> subprocess.CompletedProcess[str]:
     """The real CLI, with only the environment given (no stray POSTBOX_* of the test run's own)."""
     return subprocess.run(
-        [sys.executable, "-m", "relay.cli", *args],
+        [sys.executable, "-m", "postbox", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -145,7 +145,7 @@ PASSWORD = "s3cret-Pa55"
 @pytest.fixture(scope="module")
 def password_server() -> Iterator[str]:
     """A PostgreSQL whose pg_hba.conf asks for passwords; yields the URL of role `app`, without password."""
-    from relay.devstack.postgres import LocalPostgres, find_bin_dir  # noqa: PLC0415
+    from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir  # noqa: PLC0415
 
     folder = Path(tempfile.mkdtemp(prefix="postbox-hba-"))
     folder.chmod(0o755)  # the server runs as its own user
@@ -245,7 +245,7 @@ def inbox_consume(
             "inbox",
             "consume",
             "--app",
-            "inbox.example:inbox",
+            "postbox.inbox.example:inbox",
             "--topics",
             topic or f"operator-{uuid.uuid4().hex[:6]}",
             "--database-url",
@@ -383,8 +383,8 @@ def check_env(servers: Servers, schema: str, **extra: str) -> dict[str, str]:
     ("app", "said"),
     [
         ("no_such_module_x.handlers:inbox", "cannot import no_such_module_x"),
-        ("inbox.example:no_such_object", "has no attribute 'no_such_object'"),
-        ("inbox.example:project_order", "is a function, not a inbox.handlers.Inbox"),
+        ("postbox.inbox.example:no_such_object", "has no attribute 'no_such_object'"),
+        ("postbox.inbox.example:project_order", "is a function, not a postbox.inbox.handlers.Inbox"),
     ],
 )
 def test_config_check_imports_the_inbox_app(servers: Servers, migrated: str, app: str, said: str) -> None:
@@ -480,7 +480,10 @@ def test_the_readme_config_check_command_passes_on_a_good_configuration(
         if line.strip().startswith("postbox config check --connect")
     ]
     env = check_env(
-        servers, migrated, POSTBOX_INBOX_APP="inbox.example:inbox", POSTBOX_INBOX_TOPICS="outbox.event.order"
+        servers,
+        migrated,
+        POSTBOX_INBOX_APP="postbox.inbox.example:inbox",
+        POSTBOX_INBOX_TOPICS="outbox.event.order",
     )
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     result = subprocess.run(
@@ -498,4 +501,4 @@ def test_the_readme_config_check_command_passes_on_a_good_configuration(
         assert f"{service}: ok" in result.stdout.splitlines()
     assert result.stdout.count(f'database: reached; schema "{migrated}" at migration') == 2
     assert result.stdout.count("kafka: reached;") == 2
-    assert "  app: inbox.example:inbox loaded (Inbox" in result.stdout
+    assert "  app: postbox.inbox.example:inbox loaded (Inbox" in result.stdout

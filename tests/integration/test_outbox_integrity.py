@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.core.db import connect
-from relay.devstack.postgres import LocalPostgres, find_bin_dir
-from relay.outbox import OutboxEvent, enqueue_many
+from postbox.relay.core.db import connect
+from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.outbox import OutboxEvent, enqueue_many
 from tests.servers import Servers
 from tests.support import (
     REPO,
@@ -35,7 +35,7 @@ COLUMNS = "aggregate_type, aggregate_id, event_type, payload"
 
 def _postbox(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relay.cli", *args],
+        [sys.executable, "-m", "postbox", *args],
         check=False,
         capture_output=True,
         text=True,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.outbox import OutboxEvent, PayloadError, enqueue, enqueue_many
-from relay.outbox.admin import prune, requeue, status
+from postbox.relay.outbox import OutboxEvent, PayloadError, enqueue, enqueue_many
+from postbox.relay.outbox.admin import prune, requeue, status
 from tests.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -108,7 +108,7 @@ def test_the_cli_reports_status_and_requeues(servers: Servers, schema: str, db: 
         ids = enqueue_many(app, [OutboxEvent("order", "o", "E", {}) for _ in range(2)], schema=schema)
         app.commit()
     _park(db, ids[:1], "Broker: Message size too large")
-    base = [sys.executable, "-m", "relay.cli", "relay"]
+    base = [sys.executable, "-m", "postbox", "relay"]
     common = ["--database-url", servers.database_url, "--schema", schema]
     out = subprocess.run([*base, "status", *common], capture_output=True, text=True, check=True).stdout
     assert "backlog            1 rows" in out

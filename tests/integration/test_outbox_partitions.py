@@ -11,9 +11,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from relay.core.db import connect
-from relay.outbox import OutboxEvent, enqueue_many
-from relay.outbox.admin import PartitionUpkeep, maintain_partitions
+from postbox.relay.core.db import connect
+from postbox.relay.outbox import OutboxEvent, enqueue_many
+from postbox.relay.outbox.admin import PartitionUpkeep, maintain_partitions
 from tests.servers import Servers
 from tests.support import RelayProcess, check_delivery, read_topic
 

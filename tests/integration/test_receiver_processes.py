@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.devstack.ports import free_port
+from postbox.relay.devstack.ports import free_port
 from tests.integration.test_webhooks import stripe_body, stripe_headers
 from tests.servers import Servers
 from tests.support import ReceiverProcess, http_get, metric_value, wait_until

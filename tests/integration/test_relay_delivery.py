@@ -8,7 +8,7 @@ from collections import Counter
 
 import psycopg
 
-from relay.outbox import OutboxEvent, enqueue, enqueue_many
+from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
 from tests.servers import Servers
 from tests.support import RelayProcess, http_get, metric_value, read_topic, wait_until
 

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.outbox import OutboxEvent, enqueue, enqueue_many
+from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
 from tests.servers import Servers
 from tests.support import (
     RelayProcess,

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.core.db import connect
-from relay.core.sql import query
-from relay.outbox.daemon import QUERIES
+from postbox.relay.core.db import connect
+from postbox.relay.core.sql import query
+from postbox.relay.outbox.daemon import QUERIES
 from tests.servers import Servers
 
 Connection = psycopg.Connection[tuple[Any, ...]]

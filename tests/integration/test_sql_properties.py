@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inbox.message import IdSource, MessageIdMissing, coordinates
-from relay.core.sql import query
-from relay.outbox.daemon import QUERIES as RELAY_QUERIES
-from relay.outbox.errors import Disposition
-from relay.outbox.outcome import DELIVERED, Delivery, decide
-from relay.outbox.routing import OutboxRow, RoutingError, to_message, topic_for
-from relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES
+from postbox.inbox.message import IdSource, MessageIdMissing, coordinates
+from postbox.relay.core.sql import query
+from postbox.relay.outbox.daemon import QUERIES as RELAY_QUERIES
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.outcome import DELIVERED, Delivery, decide
+from postbox.relay.outbox.routing import OutboxRow, RoutingError, to_message, topic_for
+from postbox.relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 INBOX_QUERIES = RELAY_QUERIES.parents[2] / "inbox" / "queries.sql"
@@ -142,9 +142,9 @@ def test_a_record_the_database_refuses_is_parked_alone_and_its_batch_claimed(
     """The claim's fallback: ids are checked before the statement, but should the database (or psycopg)
     still refuse one record (here an id with NUL, bypassing the check), the batch is claimed one record at
     a time and only the refused record is parked, under its coordinates."""
-    from inbox.consumer import ConsumerSettings, InboxConsumer, _Work  # noqa: PLC0415
-    from inbox.handlers import Inbox  # noqa: PLC0415
-    from inbox.message import Message  # noqa: PLC0415
+    from postbox.inbox.consumer import ConsumerSettings, InboxConsumer, _Work  # noqa: PLC0415
+    from postbox.inbox.handlers import Inbox  # noqa: PLC0415
+    from postbox.inbox.message import Message  # noqa: PLC0415
 
     inbox = Inbox("fallback", schema=schema)
     consumer = InboxConsumer(

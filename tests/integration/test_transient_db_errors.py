@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from inbox.consumer import QUERIES as INBOX_QUERIES
-from inbox.webhooks.providers import IncomingEvent
-from inbox.webhooks.store import INSERT_EVENTS, insert_params, store_events
-from relay.core.db import connect
-from relay.core.sql import query
+from postbox.inbox.consumer import QUERIES as INBOX_QUERIES
+from postbox.inbox.webhooks.providers import IncomingEvent
+from postbox.inbox.webhooks.store import INSERT_EVENTS, insert_params, store_events
+from postbox.relay.core.db import connect
+from postbox.relay.core.sql import query
 from tests.apps.hooks import SCHEMA_SQL as HOOKS_SCHEMA_SQL
 from tests.integration.test_inbox_consumer import APP, deposits, effects
 from tests.integration.test_webhooks import applied, stripe_body, stripe_headers, wait_settled

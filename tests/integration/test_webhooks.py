@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import psycopg
 import pytest
 
-from inbox.webhooks.providers import stripe_signature_header
-from inbox.webhooks.reconcile import StripeReconciler, reconcile
-from relay.core.migrate import migrate
-from relay.devstack.ports import free_port
+from postbox.inbox.webhooks.providers import stripe_signature_header
+from postbox.inbox.webhooks.reconcile import StripeReconciler, reconcile
+from postbox.relay.core.migrate import migrate
+from postbox.relay.devstack.ports import free_port
 from tests.apps.hooks import SCHEMA_SQL
 from tests.servers import Servers
 from tests.support import (

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from relay.outbox import OutboxEvent, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from postbox import OutboxEvent, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from tests.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]

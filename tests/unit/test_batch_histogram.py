@@ -8,7 +8,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from relay.outbox.metrics import COMMIT_TO_ACK_BUCKETS, BatchHistogram
+from postbox.relay.outbox.metrics import COMMIT_TO_ACK_BUCKETS, BatchHistogram
 
 
 def _exposition(registry: CollectorRegistry) -> list[str]:

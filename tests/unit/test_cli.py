@@ -3,11 +3,11 @@ import sys
 
 import pytest
 
-from inbox.settings import ConsumeSettings, WorkSettings
-from relay import __version__
-from relay.cli import build_parser, main, services
-from relay.core.settings import Settings, SettingsError, duration, load, reference_table
-from relay.outbox.settings import RelaySettings
+from postbox.inbox.settings import ConsumeSettings, WorkSettings
+from postbox.relay import __version__
+from postbox.relay.cli import build_parser, main, services
+from postbox.relay.core.settings import Settings, SettingsError, duration, load, reference_table
+from postbox.relay.outbox.settings import RelaySettings
 from tests.support import REPO
 
 DB = {"POSTBOX_DATABASE_URL": "postgresql://db/x", "POSTBOX_KAFKA_BOOTSTRAP": "k:9092"}
@@ -68,7 +68,7 @@ def test_a_malformed_value_is_rejected_naming_its_flag_and_variable(
 
 def _run(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relay.cli", *argv],
+        [sys.executable, "-m", "postbox", *argv],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -196,7 +196,7 @@ def test_dev_env_answers_for_the_stack_it_is_asked_about(tmp_path: object) -> No
 
     def dev_env(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "relay.cli", "dev", "env", *args],
+            [sys.executable, "-m", "postbox", "dev", "env", *args],
             capture_output=True,
             text=True,
             cwd=REPO,

@@ -7,8 +7,8 @@ from functools import partial
 
 import pytest
 
-from relay.core.backoff import backoff_delay
-from relay.core.daemon import Daemon
+from postbox.relay.core.backoff import backoff_delay
+from postbox.relay.core.daemon import Daemon
 
 
 class Lost(Exception):

@@ -10,10 +10,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from relay.outbox.errors import Disposition
-from relay.outbox.outcome import DELIVERED, Delivery
-from relay.outbox.publisher import KafkaSending
-from relay.outbox.routing import Message
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.outcome import DELIVERED, Delivery
+from postbox.relay.outbox.publisher import KafkaSending
+from postbox.relay.outbox.routing import Message
 
 Report = Callable[[KafkaError | None, Any], None]
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.outbox.enqueue import OutboxEvent, PayloadError, _row
+from postbox.relay.outbox.enqueue import OutboxEvent, PayloadError, _row
 
 
 @pytest.mark.parametrize(

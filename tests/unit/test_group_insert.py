@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import psycopg
 import pytest
 
-from inbox.webhooks.group_insert import EventKey, GroupInsert, stored_per_request
-from inbox.webhooks.providers import IncomingEvent
+from postbox.inbox.webhooks.group_insert import EventKey, GroupInsert, stored_per_request
+from postbox.inbox.webhooks.providers import IncomingEvent
 
 
 def event(event_id: str, provider: str = "stripe") -> IncomingEvent:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from relay.outbox.errors import Disposition
-from relay.outbox.held import HeldAggregates
-from relay.outbox.outcome import DELIVERED, Delivery, RowState, decide
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.held import HeldAggregates
+from postbox.relay.outbox.outcome import DELIVERED, Delivery, RowState, decide
 
 
 def test_an_aggregate_is_held_per_shard_for_the_first_topic_it_met() -> None:

@@ -10,20 +10,20 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from inbox.message import MAX_MESSAGE_ID_BYTES, IdSource, MessageIdMissing
-from inbox.webhooks.config import providers_from_env
-from inbox.webhooks.providers import (
+from postbox.inbox.message import MAX_MESSAGE_ID_BYTES, IdSource, MessageIdMissing
+from postbox.inbox.webhooks.config import providers_from_env
+from postbox.inbox.webhooks.providers import (
     MalformedWebhook,
     SignatureError,
     Stripe,
     stripe_signature_header,
 )
-from relay.core.db import database_unavailable, describe_error, storable_text
-from relay.core.kafka_config import rdkafka_from_env
-from relay.core.redact import MASK, redact, redact_url, scrub
-from relay.core.secrets import secret, secret_list
-from relay.outbox.routing import OutboxRow, RoutingError, check_topic_name, topic_for
-from relay.outbox.settings import RelaySettings, SettingsError
+from postbox.relay.core.db import database_unavailable, describe_error, storable_text
+from postbox.relay.core.kafka_config import rdkafka_from_env
+from postbox.relay.core.redact import MASK, redact, redact_url, scrub
+from postbox.relay.core.secrets import secret, secret_list
+from postbox.relay.outbox.routing import OutboxRow, RoutingError, check_topic_name, topic_for
+from postbox.relay.outbox.settings import RelaySettings, SettingsError
 
 
 def row(**overrides: object) -> OutboxRow:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from relay.core.sql import check_schema_name, name_for_parameters, schema_name_problem
-from relay.outbox import daemon as daemon_module
-from relay.outbox.daemon import UNROUTABLE, Relay
-from relay.outbox.errors import Disposition
-from relay.outbox.metrics import RelayMetrics
-from relay.outbox.outcome import Delivery
-from relay.outbox.routing import Message, OutboxRow
-from relay.outbox.settings import MigrateSettings, PruneSettings, RelaySettings, SettingsError
+from postbox.relay.core.sql import check_schema_name, name_for_parameters, schema_name_problem
+from postbox.relay.outbox import daemon as daemon_module
+from postbox.relay.outbox.daemon import UNROUTABLE, Relay
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.metrics import RelayMetrics
+from postbox.relay.outbox.outcome import Delivery
+from postbox.relay.outbox.routing import Message, OutboxRow
+from postbox.relay.outbox.settings import MigrateSettings, PruneSettings, RelaySettings, SettingsError
 
 
 class FakePublisher:

@@ -1,7 +1,7 @@
 import pytest
 
-from inbox import Inbox, Message
-from inbox.message import IdSource, MessageIdMissing
+from postbox.inbox import Inbox, Message
+from postbox.inbox.message import IdSource, MessageIdMissing
 
 
 def extract(source: str, headers: dict[str, bytes] | None = None, value: bytes | None = None) -> str:
@@ -63,7 +63,7 @@ def test_an_offset_fetch_a_stale_coordinator_refused_renews_the_consumer() -> No
     consumer takes a new assignment instead of waiting forever; other errors do not renew it."""
     from confluent_kafka import KafkaError  # noqa: PLC0415
 
-    from inbox.consumer import leaves_assignment_stuck  # noqa: PLC0415
+    from postbox.inbox.consumer import leaves_assignment_stuck  # noqa: PLC0415
 
     seen_in_the_soak = (
         'Failed to fetch committed offsets for 0 partition(s) in group "ledger": Broker: Not coordinator'

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from relay.outbox.lane_turns import LaneTurns
+from postbox.relay.outbox.lane_turns import LaneTurns
 
 
 def test_a_lone_lane_that_finds_nothing_ends_the_drain_at_once() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.outbox.log import (
+from postbox.relay.outbox.log import (
     Cursor,
     DeferredCursors,
     after_batch,
@@ -11,7 +11,7 @@ from relay.outbox.log import (
     next_group,
     open_window,
 )
-from relay.outbox.outcome import RowOutcome, RowState
+from postbox.relay.outbox.outcome import RowOutcome, RowState
 
 
 def published(row_id: int) -> RowOutcome:

@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from inbox.webhooks.providers import Stripe, stripe_signature_header
-from inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver
-from relay.outbox.errors import Disposition
-from relay.outbox.outcome import Delivery, decide
+from postbox.inbox.webhooks.providers import Stripe, stripe_signature_header
+from postbox.inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.outcome import Delivery, decide
 
 SECRET = "whsec_unit"
 PAYLOAD_MARKER = "card-4242-secret-payload"

@@ -9,10 +9,10 @@ import psycopg
 import pytest
 import structlog
 
-from relay.core.config_check import known_variables, unknown_variables
-from relay.core.kafka_logs import KafkaLogAdapter, LogLimiter, message_shape
-from relay.core.migrate import MigrationError
-from relay.core.operator_errors import (
+from postbox.relay.core.config_check import known_variables, unknown_variables
+from postbox.relay.core.kafka_logs import KafkaLogAdapter, LogLimiter, message_shape
+from postbox.relay.core.migrate import MigrationError
+from postbox.relay.core.operator_errors import (
     EX_CONFIG,
     EX_NOPERM,
     EX_UNAVAILABLE,
@@ -21,7 +21,7 @@ from relay.core.operator_errors import (
     explain,
     permanent_connect_failure,
 )
-from relay.outbox.settings import MigrateSettings, RelaySettings
+from postbox.relay.outbox.settings import MigrateSettings, RelaySettings
 
 AT = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
 
@@ -255,7 +255,7 @@ def test_a_misspelled_variable_is_named_with_a_suggestion() -> None:
 
 
 def test_a_generic_webhook_providers_variables_are_known_once_it_is_named() -> None:
-    from relay.cli import _every_settings_class, _generic_provider_families  # noqa: PLC0415
+    from postbox.relay.cli import _every_settings_class, _generic_provider_families  # noqa: PLC0415
 
     known = known_variables(_every_settings_class())
     environ = {"POSTBOX_WEBHOOK_GENERIC": "acme,big-co", "POSTBOX_WEBHOOK_ACME_SECRETS": "s"}

@@ -1,5 +1,5 @@
-from relay.outbox.errors import Disposition
-from relay.outbox.outcome import DELIVERED, Delivery, decide
+from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.outcome import DELIVERED, Delivery, decide
 
 OK = Delivery(None)
 

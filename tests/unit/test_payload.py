@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import pydantic
 import pytest
 
-from relay.outbox import OutboxEvent, PayloadError
-from relay.outbox.enqueue import _rows
-from relay.outbox.payload import aggregate_key, encode_json
+from postbox.relay.outbox import OutboxEvent, PayloadError
+from postbox.relay.outbox.enqueue import _rows
+from postbox.relay.outbox.payload import aggregate_key, encode_json
 
 
 class Status(enum.Enum):

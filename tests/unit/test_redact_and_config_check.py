@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from relay.core.redact import MASK, redact, redact_url
+from postbox.relay.core.redact import MASK, redact, redact_url
 from tests.support import REPO
 
 
@@ -34,7 +34,7 @@ def test_url_password_options_are_masked_too() -> None:
 
 def run_check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relay.cli", "config", "check"],
+        [sys.executable, "-m", "postbox", "config", "check"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -80,7 +80,7 @@ def test_config_check_names_an_invalid_setting_and_fails() -> None:
 
 
 def test_liveness_options_fill_in_what_the_url_leaves_out() -> None:
-    from relay.core.db import LIVENESS, liveness_options  # noqa: PLC0415
+    from postbox.relay.core.db import LIVENESS, liveness_options  # noqa: PLC0415
 
     assert liveness_options("postgresql://db/x") == LIVENESS
     chosen = liveness_options("postgresql://db/x?connect_timeout=3&keepalives_idle=60")
@@ -132,7 +132,7 @@ def test_an_empty_secret_file_fails_the_check_naming_it(tmp_path: object) -> Non
 
 def test_a_malformed_database_url_is_refused_without_showing_its_password() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "relay.cli", "relay", "run", "--kafka-bootstrap", "k:9092"],
+        [sys.executable, "-m", "postbox", "relay", "run", "--kafka-bootstrap", "k:9092"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -157,7 +157,7 @@ def test_a_metrics_port_already_taken_is_a_message_naming_the_setting() -> None:
             [
                 sys.executable,
                 "-m",
-                "relay.cli",
+                "postbox",
                 "relay",
                 "run",
                 "--database-url",

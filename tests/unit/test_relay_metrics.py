@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.outbox.metrics import OTHER_TOPICS, TopicLabels
+from postbox.relay.outbox.metrics import OTHER_TOPICS, TopicLabels
 
 
 def test_topic_labels_stop_at_their_limit_and_keep_the_ones_they_gave() -> None:

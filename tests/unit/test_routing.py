@@ -1,6 +1,6 @@
 import pytest
 
-from relay.outbox.routing import (
+from postbox.relay.outbox.routing import (
     OutboxRow,
     RoutingError,
     TopicRoutes,

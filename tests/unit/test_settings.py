@@ -1,7 +1,7 @@
 import pytest
 
-from relay.core.kafka_config import parse_kafka_config, rdkafka_from_env
-from relay.outbox.settings import (
+from postbox.relay.core.kafka_config import parse_kafka_config, rdkafka_from_env
+from postbox.relay.outbox.settings import (
     LOG_BATCH_ROWS,
     QUEUE_BATCH_ROWS,
     RelaySettings,
@@ -98,7 +98,7 @@ def test_rdkafka_env_and_flags() -> None:
 def test_the_inbox_owns_its_offset_settings(key: str, value: str) -> None:
     """Offsets are stored after each batch's database commit; a pass-through that stored them earlier
     (auto offset store) could skip a batch that was never applied, so neither key may be given."""
-    from inbox.consumer import ConsumerSettings  # noqa: PLC0415
+    from postbox.inbox.consumer import ConsumerSettings  # noqa: PLC0415
 
     with pytest.raises(SettingsError, match=f"kafka-config {key}: postbox stores each batch's offsets"):
         ConsumerSettings(

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from relay.cli import build_parser
-from relay.core.settings import NO_DEFAULT, Settings, SettingsError, declared, load
+from postbox.relay.cli import build_parser
+from postbox.relay.core.settings import NO_DEFAULT, Settings, SettingsError, declared, load
 
 SHARED = {
     "POSTBOX_DATABASE_URL",

@@ -1,8 +1,8 @@
 import pytest
 from confluent_kafka import KafkaError
 
-from relay.outbox.errors import Disposition, classify
-from relay.outbox.shares import SHARD_COUNT, fair_share, split_lanes
+from postbox.relay.outbox.errors import Disposition, classify
+from postbox.relay.outbox.shares import SHARD_COUNT, fair_share, split_lanes
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 7, 64, 65, 100])

@@ -1,8 +1,8 @@
 import pytest
 
-from relay.core.migrate import MigrationError, load_migrations, parse_migrations
-from relay.core.sql import UnknownQuery, parse_queries, query
-from relay.outbox.daemon import QUERIES
+from postbox.relay.core.migrate import MigrationError, load_migrations, parse_migrations
+from postbox.relay.core.sql import UnknownQuery, parse_queries, query
+from postbox.relay.outbox.daemon import QUERIES
 
 
 def test_named_queries_are_split_on_name_lines() -> None:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from relay.core.tracing import (
+from postbox.relay.core.tracing import (
     DEFAULT_ENDPOINT,
     TracingConfigError,
     carrier_of,
@@ -22,11 +22,11 @@ from relay.core.tracing import (
     plan_tracing,
     with_trace_context,
 )
-from relay.outbox.enqueue import OutboxEvent
-from relay.outbox.outcome import DELIVERED, Delivery, Disposition, RowState
-from relay.outbox.publisher import Ack
-from relay.outbox.routing import OutboxRow, to_message
-from relay.outbox.tracing import PublishSpans
+from postbox.relay.outbox.enqueue import OutboxEvent
+from postbox.relay.outbox.outcome import DELIVERED, Delivery, Disposition, RowState
+from postbox.relay.outbox.publisher import Ack
+from postbox.relay.outbox.routing import OutboxRow, to_message
+from postbox.relay.outbox.tracing import PublishSpans
 from tests.support import REPO
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
@@ -149,7 +149,7 @@ def _stored_headers(event: OutboxEvent) -> dict[str, str]:
     """The headers column enqueue, enqueue_many and their async twins write for `event`: every one of them
     builds its rows with relay.outbox.enqueue._rows (no database needed to check what goes into the row;
     tests/integration writes real ones)."""
-    from relay.outbox.enqueue import _rows  # noqa: PLC0415
+    from postbox.relay.outbox.enqueue import _rows  # noqa: PLC0415
 
     [row] = _rows([event], None)
     return json.loads(row[6])  # type: ignore[no-any-return]
@@ -258,7 +258,7 @@ def test_an_invalid_otel_setting_fails_config_check_and_the_daemons_start() -> N
     }
 
     def postbox(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "relay.cli", *args]
+        command = [sys.executable, "-m", "postbox", *args]
         return subprocess.run(
             command, capture_output=True, text=True, cwd=REPO, env={**env, **extra}, check=False
         )

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from relay.core.db import database_unavailable, transient_database_error
+from postbox.relay.core.db import database_unavailable, transient_database_error
 
 
 @pytest.mark.parametrize(
@@ -128,8 +128,8 @@ def test_a_group_statement_that_lost_a_race_fails_its_requests_without_looking_f
     is nobody's data, so every request of the group gets it (503, the provider retries) and no request
     is stored alone, which would only repeat the race. (The statement is a stand-in: what the receiver
     answers on real servers is in tests/integration/test_transient_db_errors.py.)"""
-    from inbox.webhooks.group_insert import EventKey, GroupInsert  # noqa: PLC0415
-    from inbox.webhooks.providers import IncomingEvent  # noqa: PLC0415
+    from postbox.inbox.webhooks.group_insert import EventKey, GroupInsert  # noqa: PLC0415
+    from postbox.inbox.webhooks.providers import IncomingEvent  # noqa: PLC0415
 
     statements: list[list[str]] = []
     gate = asyncio.Event()

@@ -10,8 +10,8 @@ import stripe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inbox.webhooks.config import providers_from_env
-from inbox.webhooks.providers import (
+from postbox.inbox.webhooks.config import providers_from_env
+from postbox.inbox.webhooks.providers import (
     GenericHmac,
     MalformedWebhook,
     Marqeta,
