@@ -26,7 +26,8 @@ import structlog
 import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from postbox.inbox.handlers import Inbox, PermanentError, Unhandled
+from postbox.inbox.calling import HandlerCaller, check_no_running_loop
+from postbox.inbox.handlers import PERMANENT, Inbox, Unhandled, decode_payload
 from postbox.inbox.message import Message, MessageIdMissing, event_type_of
 from postbox.inbox.metrics import InboxMetrics
 from postbox.relay.core.backoff import backoff_delay
@@ -147,6 +148,7 @@ class InboxConsumer:
         self._next_lag = 0.0
         self._consumer: Consumer | None = None
         self._stuck: str | None = None  # why the assignment must be taken afresh (a new consumer)
+        self._calls = HandlerCaller()  # runs the handlers, def or async def, in this consumer's thread
 
     def stop(self) -> None:
         self.daemon.stop()
@@ -184,6 +186,8 @@ class InboxConsumer:
     def run(self) -> int:
         if not self.settings.topics:  # checked here: a requeue needs no topics
             raise ValueError("topics: at least one topic is required (POSTBOX_INBOX_TOPICS)")
+        if self.inbox.awaits():
+            check_no_running_loop()  # at start, not at the first message
         if self.inbox.dead_letter_topic:
             self._dead_letters = Producer(
                 with_structlog_logger(
@@ -216,6 +220,7 @@ class InboxConsumer:
             if self._dead_letters is not None:
                 self._dead_letters.flush(10)
             self._close_db()
+            self._calls.close()
         log.info("inbox_stopped", consumer=self.inbox.consumer)
         return 0
 
@@ -395,7 +400,7 @@ class InboxConsumer:
         )
         # The hooks are for what the batch applied: a parked message was claimed, never applied.
         parked = {id(message) for message, _ in failed}
-        self.inbox.run_after_commit([m for m in claimed if id(m) not in parked])
+        self.inbox.run_after_commit([m for m in claimed if id(m) not in parked], self._calls)
 
     def _claim_statement(self, conn: psycopg.Connection[tuple[Any, ...]], work: list[_Work]) -> set[str]:
         rows = conn.execute(
@@ -479,19 +484,22 @@ class InboxConsumer:
         return failed
 
     def _run_handler(self, conn: psycopg.Connection[tuple[Any, ...]], message: Message) -> None:
-        handler = self.inbox.handler_for(message)
-        if handler is None:
+        registered = self.inbox.handler_for(message)
+        if registered is None:
             if self.inbox.unhandled == "park":
                 raise Unhandled(message)
             log.debug("inbox_unhandled", topic=message.topic, event_type=message.event_type)
             return
+        handler, payload_type = registered
+        if payload_type is not None:
+            message = decode_payload(message, payload_type)  # PayloadMismatch parks it, with why
         started = time.perf_counter()
         try:
             if self._spans is None:
-                handler(conn, message)
+                self._calls.with_transaction(handler, conn, message)
             else:
                 with self._spans.current(message):  # the handler's own spans are its children
-                    handler(conn, message)
+                    self._calls.with_transaction(handler, conn, message)
         finally:
             self.metrics.handler_seconds.observe(time.perf_counter() - started)
 
@@ -528,7 +536,7 @@ class InboxConsumer:
             # do: after a serialization failure the transaction's snapshot can never succeed, and after a
             # deadlock the batch's claims are still held by the transaction the other side waits for.
             retry=tenacity.retry_if_exception(
-                lambda exc: not isinstance(exc, PermanentError) and not transient_database_error(exc, conn)
+                lambda exc: not isinstance(exc, PERMANENT) and not transient_database_error(exc, conn)
             ),
             stop=tenacity.stop_after_attempt(self.inbox.max_attempts),
             wait=tenacity.wait_random_exponential(multiplier=self.inbox.retry_backoff, max=10),
@@ -539,9 +547,9 @@ class InboxConsumer:
             retrying(attempt)
         except Exception as exc:
             # A handler that says PermanentError means it, whatever database error it was raised from.
-            if not isinstance(exc, PermanentError) and transient_database_error(exc, conn):
+            if not isinstance(exc, PERMANENT) and transient_database_error(exc, conn):
                 raise
-            reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, PermanentError) else _reason(exc)
+            reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, PERMANENT) else _reason(exc)
             return self._park(conn, message, reason, attempts)
         self.metrics.processed.labels(message.topic).inc()
         return None
@@ -637,6 +645,7 @@ class InboxConsumer:
         finally:
             fetcher.close()
             self._close_db()
+            self._calls.close()
         return Requeued(applied, again, gone)
 
     def _requeue_retrying(
@@ -678,7 +687,7 @@ class InboxConsumer:
                 {"consumer": self.inbox.consumer, "message_id": message_id},
             )
         # Applied and committed: the after_commit hooks run for it, as for a message a batch applies.
-        self.inbox.run_after_commit([work.message])
+        self.inbox.run_after_commit([work.message], self._calls)
         return True, None
 
     @staticmethod

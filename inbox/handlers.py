@@ -13,25 +13,78 @@ Run it with `postbox inbox consume --app billing.handlers:inbox --topics outbox.
 with `inbox.consume(inbox, database_url, kafka_bootstrap, topics)`. The handler runs inside the
 transaction that claimed the message: commit or roll back together, so a message is applied effectively
 once.
+
+A handler may be `async def`: it is awaited with a psycopg `AsyncConnection` in that same transaction
+(`await tx.execute(...)`); `def` and `async def` handlers mix freely in one Inbox, each getting the
+connection of its own kind (inbox.calling). A handler can ask for its payload typed:
+`@inbox.handler("OrderChanged", payload_type=OrderChanged)` with a pydantic v2 model or a dataclass, and
+`message.payload` is then an `OrderChanged`; a payload that does not fit is parked with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 
+from postbox.inbox.calling import HandlerCaller, HandlerNotRun, check_callable, is_async
 from postbox.inbox.message import IdSource, Message
 from postbox.relay.core.db import DEFAULT_SCHEMA
 
 Transaction = psycopg.Connection[Any]
-Handler = Callable[[Transaction, Message], None]
-CommitHook = Callable[[list[Message]], None]
+AsyncTransaction = psycopg.AsyncConnection[Any]
+Handler = Callable[[Transaction, Message], None] | Callable[[AsyncTransaction, Message], Awaitable[None]]
+CommitHook = Callable[[list[Message]], None] | Callable[[list[Message]], Awaitable[None]]
+H = TypeVar("H", bound=Handler)
+C = TypeVar("C", bound=CommitHook)
 
 
 class PermanentError(Exception):
     """Raise from a handler when retrying cannot help: the message is parked at once with this reason."""
+
+
+class PayloadMismatch(PermanentError):
+    """The payload does not decode to the type its handler asked for."""
+
+
+# Failures that retrying cannot mend: the message is parked at once.
+PERMANENT = (PermanentError, HandlerNotRun)
+
+
+class Registered(NamedTuple):
+    function: Handler
+    payload_type: type[Any] | None
+
+
+def check_payload_type(payload_type: object) -> None:
+    """A pydantic v2 model or a dataclass; refused at registration otherwise."""
+    if payload_type is None:
+        return
+    if not isinstance(payload_type, type) or not (
+        callable(getattr(payload_type, "model_validate", None)) or dataclasses.is_dataclass(payload_type)
+    ):
+        raise TypeError(f"payload_type: {payload_type!r} is neither a pydantic v2 model nor a dataclass")
+
+
+def decode_payload(message: Message, payload_type: type[Any]) -> Message:
+    """`message` with its payload decoded to `payload_type` (raises PayloadMismatch, with why, when it does
+    not fit): a pydantic model validates the JSON; a dataclass takes its fields by name, no more, no less."""
+    try:
+        document = message.payload
+    except ValueError as exc:  # not JSON (json.JSONDecodeError is a ValueError)
+        raise PayloadMismatch(f"payload is not JSON, so not a {payload_type.__name__}: {exc}") from None
+    try:
+        if callable(getattr(payload_type, "model_validate", None)):
+            decoded = payload_type.model_validate(document)
+        elif isinstance(document, dict):
+            decoded = payload_type(**document)
+        else:
+            raise TypeError(f"a JSON object is needed, not {type(document).__name__}")
+    except Exception as exc:  # noqa: BLE001  (whatever the type's own validation raises says why)
+        raise PayloadMismatch(f"payload is not a {payload_type.__name__}: {exc}") from None
+    return message.with_payload(decoded)
 
 
 class Unhandled(PermanentError):
@@ -71,34 +124,46 @@ class Inbox:
         # missing eventType header shows up and can be requeued; "ignore" records it done on purpose.
         self.unhandled = unhandled
         self.schema = schema
-        self._handlers: dict[str, Handler] = {}
-        self._fallback: Handler | None = None
+        self._handlers: dict[str, Registered] = {}
+        self._fallback: Registered | None = None
         self._after_commit: list[CommitHook] = []
 
-    def handler(self, event_type: str) -> Callable[[Handler], Handler]:
-        def register(function: Handler) -> Handler:
+    def handler(self, event_type: str, *, payload_type: type[Any] | None = None) -> Callable[[H], H]:
+        """Register the handler of `event_type`: `def f(tx, message)` or `async def f(tx, message)`."""
+        check_payload_type(payload_type)
+
+        def register(function: H) -> H:
+            check_callable(function, f"handler for {event_type!r}", 2)
             if event_type in self._handlers:
                 raise ValueError(f"a handler for {event_type!r} is already registered")
-            self._handlers[event_type] = function
+            self._handlers[event_type] = Registered(function, payload_type)
             return function
 
         return register
 
-    def fallback(self, function: Handler) -> Handler:
+    def fallback(self, function: H) -> H:
         """Runs for messages whose event type has no handler (or that carry no type)."""
-        self._fallback = function
+        check_callable(function, "fallback handler", 2)
+        self._fallback = Registered(function, None)
         return function
 
-    def after_commit(self, function: CommitHook) -> CommitHook:
-        """Runs after a batch's transaction commits and before its offsets are committed."""
+    def after_commit(self, function: C) -> C:
+        """Runs after a batch's transaction commits and before its offsets are committed, with the
+        messages the batch applied; `def` or `async def`."""
+        check_callable(function, "after_commit hook", 1)
         self._after_commit.append(function)
         return function
 
-    def handler_for(self, message: Message) -> Handler | None:
+    def awaits(self) -> bool:
+        """Whether any handler or hook is async (the consumer then needs a thread without an event loop)."""
+        functions = [r.function for r in self._handlers.values()] + list(self._after_commit)
+        return any(is_async(f) for f in functions + ([self._fallback.function] if self._fallback else []))
+
+    def handler_for(self, message: Message) -> Registered | None:
         if message.event_type is not None and message.event_type in self._handlers:
             return self._handlers[message.event_type]
         return self._fallback
 
-    def run_after_commit(self, messages: list[Message]) -> None:
+    def run_after_commit(self, messages: list[Message], calls: HandlerCaller) -> None:
         for hook in self._after_commit:
-            hook(messages)
+            calls.plain(hook, messages)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -64,6 +64,12 @@ class Message:
     @property
     def coordinates(self) -> str:
         return coordinates(self.topic, self.partition, self.offset)
+
+    def with_payload(self, decoded: Any) -> Message:
+        """This message with `payload` already decoded (to the type its handler asked for)."""
+        copy = replace(self)
+        copy.__dict__["payload"] = decoded  # what cached_property would store: the value, computed once
+        return copy
 
 
 def coordinates(topic: str, partition: int, offset: int) -> str:

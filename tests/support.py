@@ -473,3 +473,28 @@ def produce_with_headers(
     for record_headers in headers:
         producer.produce(topic, value, key, headers=record_headers)
     assert producer.flush(30) == 0
+
+
+def inbox_cli(
+    servers: Any, schema: str, *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`postbox inbox ARGS` on the test's schema, as a user runs it."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "postbox",
+            "inbox",
+            *args,
+            "--database-url",
+            servers.database_url,
+            "--schema",
+            schema,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=check,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )

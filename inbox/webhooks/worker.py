@@ -14,17 +14,18 @@ visibility timeout, and rows that keep killing their worker end failed once they
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from postbox.inbox.handlers import PermanentError
+from postbox.inbox.calling import HandlerCaller, check_callable, check_no_running_loop, is_async
+from postbox.inbox.handlers import PERMANENT
 from postbox.inbox.webhooks.store import WebhookStatus
 from postbox.relay.core.backoff import backoff_delay
 from postbox.relay.core.daemon import Daemon
@@ -60,7 +61,13 @@ class WebhookEvent:
     received_at: datetime
 
 
-WebhookHandler = Callable[[psycopg.Connection[Any], WebhookEvent], None]
+# `def handler(tx, event)`, or `async def handler(tx, event)` awaited with an AsyncConnection in the same
+# transaction (inbox.calling).
+WebhookHandler = (
+    Callable[[psycopg.Connection[Any], WebhookEvent], None]
+    | Callable[[psycopg.AsyncConnection[Any], WebhookEvent], Awaitable[None]]
+)
+W = TypeVar("W", bound=WebhookHandler)
 
 
 class Webhooks:
@@ -90,14 +97,19 @@ class Webhooks:
         self.schema = schema
         self._handlers: dict[tuple[str, str], WebhookHandler] = {}
 
-    def handler(self, provider: str, event_type: str) -> Callable[[WebhookHandler], WebhookHandler]:
-        def register(function: WebhookHandler) -> WebhookHandler:
+    def handler(self, provider: str, event_type: str) -> Callable[[W], W]:
+        def register(function: W) -> W:
+            check_callable(function, f"webhook handler for {provider} {event_type!r}", 2)
             if (provider, event_type) in self._handlers:
                 raise ValueError(f"a handler for {provider} {event_type!r} is already registered")
             self._handlers[(provider, event_type)] = function
             return function
 
         return register
+
+    def awaits(self) -> bool:
+        """Whether any handler is async (the worker then needs a thread without an event loop)."""
+        return any(is_async(f) for f in self._handlers.values())
 
     def handler_for(self, provider: str, event_type: str) -> WebhookHandler | None:
         return self._handlers.get((provider, event_type)) or self._handlers.get((provider, "*"))
@@ -145,6 +157,7 @@ class WebhookWorker:
         self._next_reap = 0.0
         self._last_claim: float | None = None  # when the last claim statement succeeded
         self._transient_in_row = 0  # transient database errors since the last event done (the wait grows)
+        self._calls = HandlerCaller()  # runs the handlers, def or async def, in this worker's thread
 
     def stop(self) -> None:
         self.daemon.stop()
@@ -166,6 +179,8 @@ class WebhookWorker:
         self.daemon.install_signal_handlers()
 
     def run(self) -> int:
+        if self.hooks.awaits():
+            check_no_running_loop()  # at start, not at the first event
         log.info("webhook_worker_started", batch_size=self.batch_size)
         try:
             self.daemon.run(
@@ -173,6 +188,7 @@ class WebhookWorker:
             )
         finally:
             self._close()
+            self._calls.close()
         log.info("webhook_worker_stopped")
         return 0
 
@@ -272,7 +288,7 @@ class WebhookWorker:
                 if handler is None:
                     log.info("webhook_event_unhandled", provider=event.provider, event_type=event.event_type)
                 else:
-                    handler(conn, event)
+                    self._calls.with_transaction(handler, conn, event)
                 if conn.execute(query(QUERIES, "mark_done"), key).rowcount != 1:
                     # The reaper gave this row to another worker meanwhile: undo ours, theirs stands.
                     raise _Fenced
@@ -281,7 +297,7 @@ class WebhookWorker:
             log.warning("webhook_event_fenced", provider=event.provider, event_id=event.event_id)
             return "fenced", "the reaper gave the event to another worker; this attempt was rolled back"
         except Exception as exc:
-            permanent = isinstance(exc, PermanentError)
+            permanent = isinstance(exc, PERMANENT)
             # A handler that says PermanentError means it, whatever database error it was raised from.
             if not permanent and transient_database_error(exc, conn):
                 if database_unavailable(exc, conn):

@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from postbox.inbox.webhooks.providers import IncomingEvent
 from postbox.inbox.webhooks.worker import WebhookEvent, Webhooks
 
@@ -33,6 +35,20 @@ def invoice_paid(tx: Any, event: WebhookEvent) -> None:
 def poison(tx: Any, event: WebhookEvent) -> None:
     _apply(tx, event)  # rolled back with each failure
     raise RuntimeError("cannot be applied")
+
+
+@hooks.handler("stripe", "invoice.async_paid")
+async def async_invoice_paid(tx: psycopg.AsyncConnection[Any], event: WebhookEvent) -> None:
+    """An async handler: awaited with an AsyncConnection in the transaction that marks the event done."""
+    await tx.execute(
+        "INSERT INTO applied VALUES (%s, %s, %s)", (event.provider, event.event_id, event.event_type)
+    )
+
+
+@hooks.handler("stripe", "async.poison")
+async def async_poison(tx: psycopg.AsyncConnection[Any], event: WebhookEvent) -> None:
+    await tx.execute("INSERT INTO applied VALUES (%s, %s, 'rolled back')", (event.provider, event.event_id))
+    raise RuntimeError("cannot be applied, asynchronously")
 
 
 for _provider in ("stripe", "shopify", "marqeta"):

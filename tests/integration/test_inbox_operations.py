@@ -3,9 +3,6 @@ webhook event processed again by a real worker."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,33 +12,9 @@ import psycopg
 
 from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL
 from tests.servers import Servers
-from tests.support import REPO, WorkerProcess, wait_until
+from tests.support import WorkerProcess, inbox_cli, wait_until
 
 Conn = psycopg.Connection[tuple[object, ...]]
-
-
-def inbox_cli(
-    servers: Servers, schema: str, *args: str, check: bool = True, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "postbox",
-            "inbox",
-            *args,
-            "--database-url",
-            servers.database_url,
-            "--schema",
-            schema,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=check,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_inbox_status_counts_per_consumer_and_lists_the_parked(

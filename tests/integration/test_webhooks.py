@@ -300,6 +300,28 @@ def test_a_poison_event_ends_failed_after_the_attempts_cap_and_the_rest_flow(
     )
 
 
+def test_async_handlers_apply_an_event_once_and_a_failing_one_ends_failed_with_its_writes_undone(
+    servers: Servers, schema: str, db: Conn, receiver: ReceiverProcess
+) -> None:
+    db.execute(SCHEMA_SQL)
+    good, poison = stripe_body("invoice.async_paid"), stripe_body("async.poison")
+    for body in (good, poison, good):  # the good one twice: stored once
+        assert receiver.post("stripe", body, stripe_headers(body))[0] == 200
+    worker = WorkerProcess(servers.database_url, schema)
+    try:
+        wait_settled(db, 2)
+    finally:
+        assert worker.terminate() == 0
+    row = db.execute(
+        "SELECT status, attempts, last_error FROM webhook_inbox WHERE event_id = %s",
+        (json.loads(poison)["id"],),
+    ).fetchone()
+    assert row == ("failed", 3, "RuntimeError: cannot be applied, asynchronously")
+    assert applied(db) == [(json.loads(good)["id"], 1)], (
+        "the async handler ran once; the poison's writes undone"
+    )
+
+
 class FakeStripeApi(BaseHTTPRequestHandler):
     """Stands in for Stripe's HTTP API (a third-party service, not one of our servers): GET /v1/events."""
 
