@@ -26,14 +26,14 @@ demo: install
 	$(BIN)/postbox dev demo
 
 lint: install
-	$(BIN)/ruff check relay inbox postbox tests
-	$(BIN)/ruff format --check relay inbox postbox tests
+	$(BIN)/ruff check relay inbox postbox tests examples
+	$(BIN)/ruff format --check relay inbox postbox tests examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 format: install
-	$(BIN)/ruff format relay inbox postbox tests
-	$(BIN)/ruff check --fix relay inbox postbox tests
+	$(BIN)/ruff format relay inbox postbox tests examples
+	$(BIN)/ruff check --fix relay inbox postbox tests examples
 
 unit: install
 	$(BIN)/pytest tests/unit

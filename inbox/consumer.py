@@ -14,7 +14,6 @@ changes nothing.
 from __future__ import annotations
 
 import collections
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -49,7 +48,6 @@ from postbox.relay.core.settings import (
     shared_kafka_config,
 )
 from postbox.relay.core.sql import query
-from postbox.relay.core.tracing import start_tracing_for
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -59,6 +57,12 @@ if TYPE_CHECKING:
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.inbox")
 LAG_INTERVAL = 15.0
+# Readiness is checked, not assumed from traffic: every this many seconds the turn runs `SELECT 1` and,
+# while all brokers were reported down, asks the cluster for metadata.
+PROBE_INTERVAL = 5.0
+# A consumer out of its group this long while the brokers answer has been left without an assignment
+# (seen after broker faults: revoked, then never assigned again): it is renewed, as for #5586 below.
+REJOIN_LIMIT = 60.0
 # The wait before a batch rolled back by a transient database error is read again: jittered (two consumers
 # that deadlocked do not meet again at once), doubling from this while it keeps happening, up to the cap.
 TRANSIENT_BACKOFF = 0.1
@@ -99,7 +103,10 @@ class ConsumerSettings(Settings):
     topics: list[str] = setting(None, "comma-separated topics to consume", parse=_topics, factory=list)
     group_id: str | None = setting(None, "Kafka consumer group", parse=str, shown_default="the inbox's name")
     batch_size: int = setting(
-        500, "messages per poll and transaction", bounds=(1, 10_000), retired=("POSTBOX_BATCH_SIZE",)
+        500,
+        "most messages per transaction (a batch is what has arrived, up to this many)",
+        bounds=(1, 10_000),
+        retired=("POSTBOX_BATCH_SIZE",),
     )
     # Memory: librdkafka prefetches into a local queue (64 MiB by default) and a poll takes its batch from
     # there; both the queue and each fetch are held to this many bytes, so a batch of large records
@@ -109,7 +116,7 @@ class ConsumerSettings(Settings):
         "bytes of messages fetched ahead and held at once (librdkafka's fetch and local queue sizes)",
         bounds=(1 << 20, 1 << 30),
     )
-    poll_timeout: float = 1.0
+    poll_timeout: float = 1.0  # how long a poll waits when nothing has arrived (the loop's heartbeat)
 
     def check(self) -> None:
         for key in ("enable.auto.commit", "enable.auto.offset.store"):
@@ -148,6 +155,13 @@ class InboxConsumer:
         self._next_lag = 0.0
         self._consumer: Consumer | None = None
         self._stuck: str | None = None  # why the assignment must be taken afresh (a new consumer)
+        # Readiness, each a reason while not ready, None when fine (ready() reads them from the metrics
+        # server's thread): the database connection, the group membership, the brokers.
+        self._database_problem: str | None = "not connected to PostgreSQL yet"
+        self._group_problem: str | None = None
+        self._out_of_group_since = time.monotonic()
+        self._brokers_problem: str | None = None
+        self._next_probe = 0.0
         self._calls = HandlerCaller()  # runs the handlers, def or async def, in this consumer's thread
 
     def stop(self) -> None:
@@ -157,9 +171,15 @@ class InboxConsumer:
         return self.daemon.healthy()
 
     def ready(self) -> tuple[bool, str]:
-        if self._conn is None or self._conn.closed:
-            return False, "not connected to PostgreSQL"
-        return self.healthy()
+        """Connected to PostgreSQL and a member of the consumer group, whether or not messages arrive."""
+        healthy, reason = self.healthy()
+        if not healthy:
+            return False, reason
+        for problem in (self._database_problem, self._brokers_problem, self._group_problem):
+            if problem is not None:
+                return False, problem
+        group = self.settings.group_id or self.inbox.consumer
+        return True, f"ok: connected to PostgreSQL, a member of consumer group {group!r}"
 
     def install_signal_handlers(self) -> None:
         self.daemon.install_signal_handlers()
@@ -203,7 +223,8 @@ class InboxConsumer:
         self._consumer = self._subscribed()
         log.info("inbox_started", consumer=self.inbox.consumer, topics=self.settings.topics)
 
-        def on_lost(_exc: BaseException) -> None:
+        def on_lost(exc: BaseException) -> None:
+            self._database_problem = f"lost PostgreSQL ({describe_error(exc)}); reconnecting"
             self._close_db()
             assert self._consumer is not None
             self._rewind(self._consumer, self._in_flight)  # nothing of it was committed: read it again
@@ -225,16 +246,48 @@ class InboxConsumer:
         return 0
 
     def _subscribed(self) -> Consumer:
+        group = self.settings.group_id or self.inbox.consumer
+
         def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
             # Batches are applied and committed between polls, so nothing is in flight here.
             log.info("inbox_partitions_revoked", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
 
+        def on_lost(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            # The group moved on without us (no heartbeat within session.timeout.ms): not a member until
+            # the rejoin assigns us again.
+            log.warning("inbox_partitions_lost", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
+            self._out_of_group(f"lost its membership of consumer group {group!r}; rejoining")
+
         def on_assign(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
             log.info("inbox_partitions_assigned", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
+            self._group_problem = None  # a member, with these partitions (maybe none: more members than them)
 
+        self._out_of_group(f"joining consumer group {group!r}")
         consumer = self._kafka_consumer()
-        consumer.subscribe(self.settings.topics, on_assign=on_assign, on_revoke=on_revoke)
+        consumer.subscribe(self.settings.topics, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
         return consumer
+
+    def _out_of_group(self, reason: str) -> None:
+        self._group_problem = reason
+        self._out_of_group_since = time.monotonic()
+
+    def _probe(self, consumer: Consumer) -> None:
+        """Readiness from the servers themselves, whether or not messages arrive: the database answers (a
+        loss raises, and the daemon reconnects), and brokers reported down answer again."""
+        conn = self._db()
+        with conn.transaction():
+            conn.execute("SELECT 1")
+        self._database_problem = None
+        if self._brokers_problem is not None:
+            try:
+                consumer.list_topics(timeout=min(2.0, PROBE_INTERVAL))
+            except KafkaException:
+                pass
+            else:
+                self._brokers_problem = None
+        out_for = time.monotonic() - self._out_of_group_since
+        if self._group_problem is not None and self._brokers_problem is None and out_for > REJOIN_LIMIT:
+            self._stuck = f"{self._group_problem}: no assignment for {out_for:.0f}s while the brokers answer"
 
     def _turn(self) -> None:
         """One poll: claim and apply the batch in one transaction, then commit its offsets."""
@@ -247,13 +300,16 @@ class InboxConsumer:
             self._consumer.close()
             self._consumer = self._subscribed()
         consumer = self._consumer
+        if time.monotonic() >= self._next_probe:
+            self._next_probe = time.monotonic() + PROBE_INTERVAL
+            self._probe(consumer)
         if time.monotonic() >= self._next_lag:
             self._next_lag = time.monotonic() + LAG_INTERVAL
             self._record_lag(consumer)
             if self._dead_letters is not None:
                 # Serves its log lines (kafka_client_log) while idle too: delivered only on poll.
                 self._dead_letters.poll(0)
-        records = consumer.consume(self.settings.batch_size, self.settings.poll_timeout)
+        records = self._arrived(consumer)
         self._in_flight = [r for r in records if self._usable(r)]
         if self._in_flight:
             try:
@@ -268,6 +324,19 @@ class InboxConsumer:
             self._transient_in_row = 0
             self._store_offsets(consumer, self._in_flight)
         self._in_flight = []
+
+    def _arrived(self, consumer: Consumer) -> list[Any]:
+        """The next batch: what has arrived, up to batch_size. Only an empty queue is waited on, and only
+        for its first message: `consume(n, timeout)` alone would hold the first message back until n had
+        arrived or the timeout passed (half a second of latency at low traffic)."""
+        size = self.settings.batch_size
+        records: list[Any] = consumer.consume(size, 0)
+        if records:
+            return records
+        records = consumer.consume(1, self.settings.poll_timeout)
+        if records and size > 1:
+            records += consumer.consume(size - 1, 0)  # what came with it
+        return records
 
     def _read_again_later(self, consumer: Consumer, exc: BaseException) -> None:
         """The batch's transaction was rolled back by a transient database error: a deadlock with another
@@ -313,6 +382,8 @@ class InboxConsumer:
         if error.fatal():
             raise KafkaException(error)
         log.warning("inbox_consume_error", error=error.str())
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._brokers_problem = f"no Kafka broker reachable ({error.str()})"
         if leaves_assignment_stuck(error):
             self._stuck = error.str()
         return False
@@ -324,7 +395,13 @@ class InboxConsumer:
                 self.inbox.schema,
                 application_name=f"postbox-inbox {self.inbox.consumer}"[:63],
             )
+            self._database_problem = None
         return self._conn
+
+    def close(self) -> None:
+        """Release what apply_messages or requeue left open (run() releases its own)."""
+        self._close_db()
+        self._calls.close()
 
     def _close_db(self) -> None:
         if self._conn is not None:
@@ -372,6 +449,11 @@ class InboxConsumer:
             self._spans.end()
         finally:
             self._spans = None
+
+    def apply_messages(self, messages: list[Message]) -> None:
+        """Apply messages handed over directly, exactly as a batch read from Kafka is applied (claim,
+        handlers, parking, commit, after_commit hooks); the test harness (inbox.testing) uses it."""
+        self._apply_work([_Work(message) for message in messages])
 
     def _apply_work(self, work: list[_Work]) -> None:
         conn = self._db()
@@ -550,12 +632,17 @@ class InboxConsumer:
             if not isinstance(exc, PERMANENT) and transient_database_error(exc, conn):
                 raise
             reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, PERMANENT) else _reason(exc)
-            return self._park(conn, message, reason, attempts)
+            return self._park(conn, message, reason, attempts, exc)
         self.metrics.processed.labels(message.topic).inc()
         return None
 
     def _park(
-        self, conn: psycopg.Connection[tuple[Any, ...]], message: Message, reason: str, attempts: int
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        message: Message,
+        reason: str,
+        attempts: int,
+        exc: BaseException | None = None,
     ) -> str:
         conn.execute(
             query(QUERIES, "mark_failed"),
@@ -577,6 +664,9 @@ class InboxConsumer:
             message_id=message.message_id,
             attempts=attempts,
             reason=reason,
+            # The handler's traceback, where it failed: what a developer needs to fix it (its text, never
+            # the frames' local variables, so no payload rides along).
+            exc_info=exc,
         )
         return reason
 
@@ -748,17 +838,3 @@ def _fetch(fetcher: Consumer, topic: str, partition: int, offset: int) -> Any:
         return None
     finally:
         fetcher.unassign()
-
-
-def consume(inbox: Inbox, database_url: str, kafka_bootstrap: str, topics: list[str], **options: Any) -> int:
-    """Run `inbox` as a consumer until SIGTERM/SIGINT; returns 0 after a clean stop. `options` are
-    ConsumerSettings fields (group_id, batch_size, max_batch_bytes, kafka_config...). Traces as
-    `postbox inbox consume` does when the OTEL_* variables ask for it (module docstring of
-    relay.core.tracing), into the application's own tracer provider when it has installed one."""
-    settings = ConsumerSettings(
-        database_url=database_url, kafka_bootstrap=kafka_bootstrap, topics=topics, **options
-    )
-    with start_tracing_for("inbox", os.environ) as tracing:
-        consumer = InboxConsumer(inbox, settings, tracer=tracing.tracer)
-        consumer.install_signal_handlers()
-        return consumer.run()

@@ -10,7 +10,7 @@
                    (message.payload["id"], message.payload["total"]))
 
 Run it with `postbox inbox consume --app billing.handlers:inbox --topics outbox.event.order`, or embed it
-with `inbox.consume(inbox, database_url, kafka_bootstrap, topics)`. The handler runs inside the
+with `postbox.consume(inbox, database_url, kafka_bootstrap, topics)`. The handler runs inside the
 transaction that claimed the message: commit or roll back together, so a message is applied effectively
 once.
 

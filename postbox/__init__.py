@@ -10,7 +10,16 @@ The code lives in the repository's top-level folders `relay/` and `inbox/`; this
 service with packages of its own called `relay` or `inbox` gets its own.
 """
 
-from postbox.inbox import Inbox, Message, PermanentError, consume
+from postbox.inbox import (
+    Inbox,
+    Message,
+    PayloadMismatch,
+    PermanentError,
+    RunningConsumer,
+    consume,
+    consume_async,
+    start_consumer,
+)
 from postbox.relay import __version__
 from postbox.relay.outbox.enqueue import (
     OutboxEvent,
@@ -26,11 +35,15 @@ __all__ = [
     "Message",
     "OutboxEvent",
     "PayloadError",
+    "PayloadMismatch",
     "PermanentError",
+    "RunningConsumer",
     "__version__",
     "consume",
+    "consume_async",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "start_consumer",
 ]

@@ -253,11 +253,14 @@ class InboxProcess(ChildProcess):
         env: dict[str, str] | None = None,
         log_level: str = "debug",
     ) -> None:
+        self.metrics_port = free_port()
         super().__init__(
             f"inbox-{uuid.uuid4().hex[:6]}",
             [
                 "inbox",
                 "consume",
+                "--metrics-address",
+                f"127.0.0.1:{self.metrics_port}",
                 "--app",
                 app,
                 "--database-url",

@@ -328,6 +328,7 @@ class WebhookWorker:
                 attempt=event.attempt,
                 now=status,
                 error=reason,
+                exc_info=exc,  # the handler's traceback (its text only: no local variables, no payload)
             )
             return outcome, reason
         self._transient_in_row = 0

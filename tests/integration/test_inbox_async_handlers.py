@@ -5,6 +5,7 @@ handler has. Before this, an `async def` handler was recorded done and its body 
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -76,6 +77,16 @@ def test_an_async_handler_that_fails_is_retried_and_parked_and_a_payload_of_the_
         wait_until(lambda: len(_effects(bank)) == 6, 60, what="the messages around the failures applied")
         assert consumer.terminate() == 0
         assert "inbox_handler_retry" in consumer.log()
+        parked_lines = [
+            json.loads(line) for line in consumer.log().splitlines() if "inbox_message_parked" in line
+        ]
+    [poison_line] = [line for line in parked_lines if line["message_id"] == poison[0]]
+    assert poison_line["level"] == "error"
+    assert "Traceback (most recent call last)" in poison_line["exception"], (
+        "the handler's traceback is logged"
+    )
+    assert "in async_poison" in poison_line["exception"]
+    assert "'amount': 1" not in json.dumps(parked_lines), "and no payload with it"
     statuses = _statuses(bank)
     assert statuses[poison[0]] == ("failed", 3, "RuntimeError: this event can never be applied")
     assert poison[0] not in _effects(bank), "the async handler's writes were rolled back with its savepoint"

@@ -1,0 +1,10 @@
+"""The Django project's manage.py: `python examples/django_project/manage.py place_order 9.99`."""
+
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
