@@ -251,6 +251,8 @@ class InboxConsumer:
         def on_revoke(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
             # Batches are applied and committed between polls, so nothing is in flight here.
             log.info("inbox_partitions_revoked", partitions=[f"{p.topic}/{p.partition}" for p in partitions])
+            # Until the rebalance assigns again (seconds): should it never do so, the probe renews us.
+            self._out_of_group(f"rebalancing consumer group {group!r}: waiting for an assignment")
 
         def on_lost(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
             # The group moved on without us (no heartbeat within session.timeout.ms): not a member until
@@ -285,6 +287,10 @@ class InboxConsumer:
                 pass
             else:
                 self._brokers_problem = None
+        if self._group_problem is not None and consumer.assignment():
+            self._group_problem = (
+                None  # partitions held: a member (a cooperative rebalance revokes only some)
+            )
         out_for = time.monotonic() - self._out_of_group_since
         if self._group_problem is not None and self._brokers_problem is None and out_for > REJOIN_LIMIT:
             self._stuck = f"{self._group_problem}: no assignment for {out_for:.0f}s while the brokers answer"
