@@ -59,7 +59,7 @@ import confluent_kafka
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from postbox.inbox.consumer import QUERIES as INBOX_QUERIES
+from postbox.inbox.applying import QUERIES as INBOX_QUERIES
 from postbox.inbox.webhooks.providers import stripe_signature_header
 from postbox.relay.core.db import connect
 from postbox.relay.core.migrate import migrate

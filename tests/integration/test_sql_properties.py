@@ -142,29 +142,24 @@ def test_a_record_the_database_refuses_is_parked_alone_and_its_batch_claimed(
     """The claim's fallback: ids are checked before the statement, but should the database (or psycopg)
     still refuse one record (here an id with NUL, bypassing the check), the batch is claimed one record at
     a time and only the refused record is parked, under its coordinates."""
-    from postbox.inbox.consumer import ConsumerSettings, InboxConsumer, _Work  # noqa: PLC0415
+    from postbox.inbox.applying import Applier, Work  # noqa: PLC0415
+    from postbox.inbox.calling import HandlerCaller  # noqa: PLC0415
     from postbox.inbox.handlers import Inbox  # noqa: PLC0415
     from postbox.inbox.message import Message  # noqa: PLC0415
+    from postbox.inbox.metrics import InboxMetrics  # noqa: PLC0415
+    from postbox.relay.core.db import connect  # noqa: PLC0415
 
-    inbox = Inbox("fallback", schema=schema)
-    consumer = InboxConsumer(
-        inbox,
-        ConsumerSettings(database_url=servers.database_url, kafka_bootstrap="127.0.0.1:1", topics=["t"]),
-    )
+    applier = Applier(Inbox("fallback", schema=schema), InboxMetrics(), HandlerCaller())
     work = [
-        _Work(Message("t", 0, offset, None, b"{}", {}, message_id, None))
+        Work(Message("t", 0, offset, None, b"{}", {}, message_id, None))
         for offset, message_id in enumerate(["ok-1", "bad\x00id", "ok-2"])
     ]
-    conn = consumer._db()
-    try:
-        with conn.transaction():
-            claimed = consumer._claim(conn, work)
-        assert claimed == {"ok-1", "t/0/1", "ok-2"}
-        assert work[1].missing_id is not None
-        assert "refused by the database" in work[1].missing_id
-        assert work[1].message.message_id == "t/0/1"
-    finally:
-        consumer._close_db()
+    with connect(servers.database_url, schema) as conn, conn.transaction():
+        claimed = applier._claim(conn, work)
+    assert claimed == {"ok-1", "t/0/1", "ok-2"}
+    assert work[1].missing_id is not None
+    assert "refused by the database" in work[1].missing_id
+    assert work[1].message.message_id == "t/0/1"
 
 
 # Every column a writer's role can set on INSERT (the table owner: no column grant restricts it), each

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from postbox.inbox.consumer import QUERIES as INBOX_QUERIES
+from postbox.inbox.applying import QUERIES as INBOX_QUERIES
 from postbox.inbox.webhooks.providers import IncomingEvent
 from postbox.inbox.webhooks.store import INSERT_EVENTS, insert_params, store_events
 from postbox.relay.core.db import connect
