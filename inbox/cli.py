@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from postbox.relay.core.operator_errors import SCHEMA_IN_USE
 from postbox.relay.core.settings import DatabaseSettings, Settings, add_flags, load
-from postbox.relay.core.tracing import start_daemon_tracing, start_tracing_for
+from postbox.relay.core.tracing import start_daemon_tracing
 
 T = TypeVar("T")
 
@@ -164,22 +164,8 @@ def _cmd_prune(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
     return 0
 
 
-def _graceful_server_class() -> Any:
-    import uvicorn  # noqa: PLC0415
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by the signal;
-        postbox daemons exit 0 after a clean stop. (It clears uvicorn's private list of captured signals,
-        so a test checks the exit code.)"""
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            self._captured_signals.clear()
-
-    return GracefulServer
-
-
 def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
+    from postbox.inbox.webhooks import assemble  # noqa: PLC0415
     from postbox.inbox.webhooks.config import providers_from  # noqa: PLC0415
     from postbox.inbox.webhooks.serving import connection_limit  # noqa: PLC0415
     from postbox.relay.core.ops_http import serving  # noqa: PLC0415
@@ -194,12 +180,12 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         parser.error(f"{settings.label('max_connections')}: {exc}")
     # Checked here, before anything starts; with --workers each process starts its own.
     tracing = start_daemon_tracing("receiver", parser)
-    _stop_if_refused(settings)
+    assemble.stop_if_refused(settings)
     if settings.workers == 1:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
         registry = CollectorRegistry()
-        app, server = _receiver(settings, max_connections, registry, tracing.tracer)
+        app, server = assemble.build_receiver(settings, max_connections, registry, tracing.tracer)
         # The receiver answers /healthz and /readyz on the webhook port itself; the metrics port gives the
         # same readiness (database reachable within a short timeout). Liveness there is the process
         # answering.
@@ -218,115 +204,14 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
         raise SystemExit(
             f"postbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
         ) from None
-    target = functools.partial(_serve_on, settings, max_connections, logging.format, logging.level)
+    target = functools.partial(assemble.serve_on, settings, max_connections, logging.format, logging.level)
     with shared_metrics() as registry:
-        processes = ReceiverProcesses(target, sock, settings.workers, lambda: _database_answers(settings))
+        processes = ReceiverProcesses(
+            target, sock, settings.workers, lambda: assemble.database_answers(settings)
+        )
         processes.install_signal_handlers()
         with serving(settings.metrics_address, registry, processes.healthy, processes.ready):
             return processes.run()
-
-
-def _stop_if_refused(settings: Any) -> None:
-    """The receiver answers 503 while its database is down and its pool reconnects by itself, which is
-    right for an outage. A database that refuses it for good (no such database or role, a wrong password)
-    or a schema that is not migrated would make that forever: those stop the start, with the reason (the
-    CLI's dispatch prints it). A database that is merely down lets the receiver start, as before."""
-    import psycopg  # noqa: PLC0415
-
-    from postbox.relay.core.db import connect  # noqa: PLC0415
-    from postbox.relay.core.migrate import applied_version, load_migrations  # noqa: PLC0415
-    from postbox.relay.core.operator_errors import (  # noqa: PLC0415
-        OperatorMistake,
-        SchemaState,
-        permanent_connect_failure,
-        schema_verdict,
-    )
-
-    try:
-        with connect(
-            settings.database_url, settings.schema, autocommit=True, application_name="postbox-webhooks"
-        ) as conn:
-            applied = applied_version(conn, settings.schema)
-    except psycopg.Error as exc:
-        if permanent_connect_failure(exc):
-            raise
-        return
-    verdict = schema_verdict(SchemaState(settings.schema, applied, load_migrations()[-1].version))
-    if verdict is not None:
-        raise OperatorMistake(verdict)
-
-
-def _serve_on(settings: Any, max_connections: int, log_format: str, log_level: str, sock: Any) -> None:
-    """One of `--workers` receiver processes, on the socket its parent bound (inbox.webhooks.processes)."""
-    from prometheus_client import CollectorRegistry  # noqa: PLC0415
-
-    from postbox.relay.core.logging import configure_logging  # noqa: PLC0415
-
-    configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    with start_tracing_for("receiver", os.environ) as tracing:  # the parent checked the OTEL_* variables
-        # Its metrics are counted in the parent's files (shared_metrics), not in this registry.
-        _, server = _receiver(settings, max_connections, CollectorRegistry(), tracing.tracer)
-        server.run(sockets=[sock])
-
-
-def _database_answers(settings: Any) -> tuple[bool, str]:
-    import psycopg  # noqa: PLC0415
-    from psycopg.conninfo import make_conninfo  # noqa: PLC0415
-
-    from postbox.relay.core.db import describe_error, liveness_options  # noqa: PLC0415
-
-    conninfo = make_conninfo(settings.database_url, **liveness_options(settings.database_url))
-    try:
-        with psycopg.connect(conninfo, connect_timeout=2, application_name="postbox-webhooks") as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        return False, f"database unavailable: {describe_error(exc)[:200]}"
-    return True, "ok"
-
-
-def _receiver(settings: Any, max_connections: int, registry: Any, tracer: Any) -> tuple[Any, Any]:
-    """The receiver app and the uvicorn server that runs it, its metrics in `registry`."""
-    import uvicorn  # noqa: PLC0415
-    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
-
-    from postbox.inbox.webhooks.config import providers_from  # noqa: PLC0415
-    from postbox.inbox.webhooks.receiver import ReceiverMetrics, WebhookReceiver, autocommit_in  # noqa: PLC0415
-    from postbox.inbox.webhooks.serving import SlowClientMetrics, protocol_with_header_deadline  # noqa: PLC0415
-    from postbox.relay.core.db import liveness_options  # noqa: PLC0415
-
-    # open=False: the pool opens in the app's lifespan, inside uvicorn's event loop. A database that is
-    # down at start is not fatal: requests answer 503 until it is back.
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.database_url,
-        min_size=1,
-        max_size=settings.pool_size,
-        open=False,
-        timeout=5.0,
-        kwargs={"application_name": "postbox-webhooks", **liveness_options(settings.database_url)},
-        configure=autocommit_in(settings.schema),
-    )
-    app = WebhookReceiver(
-        providers_from(settings, os.environ),
-        pool,
-        ReceiverMetrics(registry),
-        settings.max_body_bytes,
-        read_timeout=settings.read_timeout,
-        tracer=tracer,
-    )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        loop="uvloop",
-        http=protocol_with_header_deadline(
-            settings.read_timeout, SlowClientMetrics(registry), max_waiting=max(8, max_connections // 2)
-        ),
-        limit_concurrency=max_connections,
-    )
-    return app, _graceful_server_class()(config)
 
 
 def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
