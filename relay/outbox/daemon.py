@@ -457,14 +457,22 @@ class Relay:
         """Maintain leases, maybe prune, drain the lanes. True when rows may still be waiting."""
         assert self.leases is not None
         if self.leases.due():
+            # Every lane is paused meanwhile: the debug line has each step's time (tests/bench/first_minute).
+            steps = _Steps()
             owned = self.leases.tick()
+            steps.done("lease_tick")
             self.metrics.shards_owned.set(len(owned))
             self.metrics.leases_lost.inc(self.leases.lost_in_last_tick)
             assert self._lease_conn is not None
             self._check_mode(self._lease_conn)
+            steps.done("check_mode")
             self._refresh_held(frozenset(owned))
+            steps.done("held")
             self._refresh_backlog_gauges()
+            steps.done("gauges")
             self._maintain_partitions()
+            steps.done("partitions")
+            log.debug("relay_lease_turn", began_at=steps.began_at, ms=steps.ms)
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
             self._recheck_blocked_topics()
         self._maybe_prune()
@@ -883,6 +891,7 @@ class Relay:
         started = time.monotonic()
         current = admin.status(self._lease_conn, census=census)
         if census:
+            log.debug("relay_census", ms=round((time.monotonic() - started) * 1000, 1))
             self._census = current
             taken = time.monotonic() - started
             self._next_census = time.monotonic() + max(CENSUS_SECONDS, 50 * taken)
@@ -949,6 +958,20 @@ class Relay:
             # Short slices keep SIGTERM handling prompt; one notification is enough to go and look.
             if any(True for _ in self._listen_conn.notifies(timeout=min(remaining, 0.5), stop_after=1)):
                 return
+
+
+class _Steps:
+    """Wall-clock start and milliseconds per step of a lease turn, for its debug line."""
+
+    def __init__(self) -> None:
+        self.began_at = time.time()
+        self.ms: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def done(self, step: str) -> None:
+        now = time.perf_counter()
+        self.ms[step] = round((now - self._mark) * 1000, 1)
+        self._mark = now
 
 
 def _all_lanes(lanes: list[Future[bool]]) -> bool:
