@@ -37,10 +37,14 @@ GRANT USAGE ON SCHEMA :"schema"
 -- An application that writes events: insert only, and only the columns `enqueue` writes. The relay's own
 -- columns (state, attempts, created_at, published_at, last_error) keep their defaults, so no writer can
 -- insert a row already "published", with an attempt count that overflows the mark, or with a forged age.
--- The SQL writers postbox.enqueue() and enqueue_bytes() (migration 0010) run with these same rights.
+-- The SQL writers postbox.enqueue() and enqueue_bytes() (migration 0010) and enqueue_many() (0011) run
+-- with these same rights (SECURITY INVOKER); EXECUTE on them is granted here, not left to PUBLIC's default.
 -- e.g.  GRANT postbox_writer TO orders_service;
 GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic)
     ON :"schema".outbox TO postbox_writer;
+GRANT EXECUTE ON FUNCTION :"schema".enqueue(text, text, text, jsonb, jsonb, text),
+    :"schema".enqueue_bytes(text, text, text, bytea, jsonb, text),
+    :"schema".enqueue_many(text[], text[], text[], jsonb[], jsonb[], text[]) TO postbox_writer;
 
 -- The relay: reads and marks outbox rows, keeps its shard leases and membership; nothing else. It may
 -- end sessions of its own role (how a replica that takes over fences a paused one), which needs no grant.

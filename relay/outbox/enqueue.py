@@ -15,10 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from psycopg import sql
-
 from postbox.relay.core.db import DEFAULT_SCHEMA
-from postbox.relay.core.sql import name_for_parameters
 from postbox.relay.core.tracing import current_trace_context, with_trace_context
 from postbox.relay.outbox.payload import JsonDefault, PayloadError, aggregate_key, encode_json
 from postbox.relay.outbox.writers import Row, check_target, execute_async, execute_sync
@@ -53,10 +50,12 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 def _storable_text(name: str, text: str, is_json: bool = False) -> None:
     """PostgreSQL text and jsonb cannot hold NUL, nor (as UTF-8) a lone surrogate: say so before writing."""
-    # The substring test first: the regex (an escaped backslash before it does not count) runs only for
-    # the rare text that holds one, which spared an event about 3 us.
+    # The substring tests first: the regex (an escaped backslash before it does not count) runs only for
+    # the rare text that holds one, and ASCII text (most of it) holds no surrogate, so is not encoded.
     if "\x00" in text or (is_json and "\\u0000" in text and _JSON_NUL.search(text)):
         raise PayloadError(f"{name} contains NUL (U+0000), which PostgreSQL cannot store; send bytes instead")
+    if text.isascii():
+        return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -65,54 +64,106 @@ def _storable_text(name: str, text: str, is_json: bool = False) -> None:
         ) from None
 
 
+def _check_names(aggregate_type: object, aggregate_id: str, event_type: object, topic: object) -> None:
+    """aggregate_type, aggregate_id and event_type non-empty text, topic text or None, all storable."""
+    # The usual event (exact str, ASCII, no NUL) is checked in one pass over the three joined; anything
+    # else goes through the checks one by one, which say which value is wrong.
+    if (
+        type(aggregate_type) is str
+        and type(event_type) is str
+        and aggregate_type
+        and aggregate_id
+        and event_type
+        and (topic is None or type(topic) is str)
+    ):
+        joined = aggregate_type + aggregate_id + event_type + (topic or "")
+        if joined.isascii() and "\x00" not in joined:
+            return
+    for name, value in (("aggregate_type", aggregate_type), ("aggregate_id", aggregate_id),
+                        ("event_type", event_type)):  # fmt: skip
+        if not isinstance(value, str) or not value:
+            raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
+        _storable_text(name, value)
+    if topic is not None:
+        if not isinstance(topic, str):
+            raise PayloadError(f"topic must be a str or None, got {type(topic).__name__}")
+        _storable_text("topic", topic)
+
+
+def _headers_json(headers: Mapping[str, str], trace_context: Mapping[str, str]) -> str:
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise PayloadError("headers must map str to str")
+    if "" in headers:
+        raise PayloadError("a header name is empty (Kafka clients drop such headers)")
+    # The writer's trace context travels in the row, so the relay's publish span continues its trace.
+    merged = with_trace_context(headers, trace_context)
+    if not merged:
+        return "{}"
+    text = encode_json(dict(merged))
+    _storable_text("headers", text, is_json=True)
+    return text
+
+
+def _payload_json(event_type: str, payload: JsonValue, json_default: JsonDefault | None) -> str:
+    try:
+        text = encode_json(payload, json_default)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload of {event_type} is not JSON-serialisable: {exc}") from exc
+    except RecursionError:  # found by the fuzzer: a deeply nested payload escaped as RecursionError
+        raise PayloadError(f"payload of {event_type} is nested too deeply for JSON") from None
+    _storable_text("payload", text, is_json=True)
+    return text
+
+
+def _event_id(value: object) -> uuid.UUID:
+    """The event id as a UUID (text in a UUID's form is taken too; anything else is refused before the
+    database would refuse it halfway through the caller's transaction)."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise PayloadError(f"event_id must be a UUID, got {value!r}") from None
+
+
+def _row_of(
+    aggregate_type: str,
+    aggregate_id: str | int | uuid.UUID,
+    event_type: str,
+    payload: JsonValue | bytes,
+    headers: Mapping[str, str],
+    topic: str | None,
+    event_id: object,
+    trace_context: Mapping[str, str],
+    json_default: JsonDefault | None,
+) -> Row:
+    """The row of one event, every check made (PayloadError, naming what is wrong, before any write)."""
+    key = aggregate_id if type(aggregate_id) is str else aggregate_key(aggregate_id)
+    _check_names(aggregate_type, key, event_type, topic)
+    headers_json = _headers_json(headers, trace_context) if headers or trace_context else "{}"
+    if isinstance(payload, bytes | bytearray | memoryview):
+        payload_json, payload_bytes = None, bytes(payload)
+    else:
+        payload_json, payload_bytes = _payload_json(event_type, payload, json_default), None
+    return (_event_id(event_id), aggregate_type, key, event_type, payload_json, payload_bytes, headers_json,
+            topic)  # fmt: skip
+
+
 def _row(
     event: OutboxEvent,
     trace_context: Mapping[str, str] = _NO_CONTEXT,
     json_default: JsonDefault | None = None,
 ) -> Row:
-    aggregate_id = aggregate_key(event.aggregate_id)
-    for name, value in (
-        ("aggregate_type", event.aggregate_type),
-        ("aggregate_id", aggregate_id),
-        ("event_type", event.event_type),
-    ):
-        if not isinstance(value, str) or not value:
-            raise PayloadError(f"{name} must be a non-empty string, got {value!r}")
-        _storable_text(name, value)
-    if event.topic is not None:
-        if not isinstance(event.topic, str):
-            raise PayloadError(f"topic must be a str or None, got {type(event.topic).__name__}")
-        _storable_text("topic", event.topic)
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in event.headers.items()):
-        raise PayloadError("headers must map str to str")
-    if "" in event.headers:
-        raise PayloadError("a header name is empty (Kafka clients drop such headers)")
-    # The writer's trace context travels in the row, so the relay's publish span continues its trace.
-    headers = with_trace_context(event.headers, trace_context)
-    if headers:
-        headers_json = encode_json(dict(headers))
-        _storable_text("headers", headers_json, is_json=True)
-    else:
-        headers_json = "{}"
-    if isinstance(event.payload, bytes | bytearray | memoryview):
-        payload_json, payload_bytes = None, bytes(event.payload)
-    else:
-        try:
-            payload_json, payload_bytes = encode_json(event.payload, json_default), None
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"payload of {event.event_type} is not JSON-serialisable: {exc}") from exc
-        except RecursionError:  # found by the fuzzer: a deeply nested payload escaped as RecursionError
-            raise PayloadError(f"payload of {event.event_type} is nested too deeply for JSON") from None
-        _storable_text("payload", payload_json, is_json=True)
-    return (
-        str(event.event_id),
+    return _row_of(
         event.aggregate_type,
-        aggregate_id,
+        event.aggregate_id,
         event.event_type,
-        payload_json,
-        payload_bytes,
-        headers_json,
+        event.payload,
+        event.headers,
         event.topic,
+        event.event_id,
+        trace_context,
+        json_default,
     )
 
 
@@ -120,34 +171,6 @@ def _rows(events: Iterable[OutboxEvent], json_default: JsonDefault | None) -> li
     """Every event validated and encoded before anything is written."""
     trace_context = current_trace_context()
     return [_row(e, trace_context, json_default) for e in events]
-
-
-def _event(
-    aggregate_type: str,
-    aggregate_id: str | int | uuid.UUID,
-    event_type: str,
-    payload: JsonValue | bytes,
-    headers: Mapping[str, str] | None,
-    topic: str | None,
-    event_id: uuid.UUID | None,
-) -> OutboxEvent:
-    return OutboxEvent(
-        aggregate_type, aggregate_id, event_type, payload, headers or {}, topic, event_id or uuid.uuid4()
-    )
-
-
-_COLUMNS = "(event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic)"
-
-
-def _psycopg_many(schema: str, rows: list[Row]) -> tuple[sql.Composed, list[list[object]]]:
-    """psycopg 3's statement for several rows: the rows as arrays, one parameter per column however many
-    rows; WITH ORDINALITY keeps the caller's order, so ids (publish order) follow the list."""
-    statement = sql.SQL(
-        "INSERT INTO {} " + _COLUMNS + " SELECT a, b, c, d, e, f, g, h FROM unnest("
-        "%s::uuid[], %s::text[], %s::text[], %s::text[], %s::jsonb[], %s::bytea[], %s::jsonb[], %s::text[])"
-        " WITH ORDINALITY AS u(a, b, c, d, e, f, g, h, n) ORDER BY n"
-    ).format(name_for_parameters(schema, "outbox"))
-    return statement, [list(c) for c in zip(*rows, strict=True)]
 
 
 def enqueue_many(
@@ -162,11 +185,32 @@ def enqueue_many(
     kind = check_target(conn_or_cursor, want_async=False)
     rows = _rows(events, json_default)
     if rows:
-        if kind == "psycopg":
-            conn_or_cursor.execute(*_psycopg_many(schema, rows))
-        else:
-            execute_sync(conn_or_cursor, kind, schema, rows)
-    return [uuid.UUID(row[0]) for row in rows]
+        execute_sync(conn_or_cursor, kind, schema, rows)
+    return [row[0] for row in rows]
+
+
+def _one_row(
+    aggregate_type: str,
+    aggregate_id: str | int | uuid.UUID,
+    event_type: str,
+    payload: JsonValue | bytes,
+    headers: Mapping[str, str] | None,
+    topic: str | None,
+    event_id: uuid.UUID | None,
+    json_default: JsonDefault | None,
+) -> Row:
+    """The row of one event, as enqueue and enqueue_async write it (checked; the trace context added)."""
+    return _row_of(
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        payload,
+        headers or _NO_CONTEXT,
+        topic,
+        event_id or uuid.uuid4(),
+        current_trace_context(),
+        json_default,
+    )
 
 
 def enqueue(
@@ -184,16 +228,9 @@ def enqueue(
 ) -> uuid.UUID:
     """Insert one event in the caller's open transaction; returns its event id (the Kafka `id` header)."""
     kind = check_target(conn_or_cursor, want_async=False)
-    event = _event(aggregate_type, aggregate_id, event_type, payload, headers, topic, event_id)
-    [row] = _rows([event], json_default)
-    if kind == "psycopg":
-        statement = sql.SQL("INSERT INTO {} " + _COLUMNS + " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)").format(
-            name_for_parameters(schema, "outbox")
-        )
-        conn_or_cursor.execute(statement, row)
-    else:
-        execute_sync(conn_or_cursor, kind, schema, [row])
-    return event.event_id
+    row = _one_row(aggregate_type, aggregate_id, event_type, payload, headers, topic, event_id, json_default)
+    execute_sync(conn_or_cursor, kind, schema, [row])
+    return row[0]
 
 
 async def enqueue_many_async(
@@ -208,11 +245,8 @@ async def enqueue_many_async(
     kind = check_target(conn, want_async=True)
     rows = _rows(events, json_default)
     if rows:
-        if kind == "psycopg-async":
-            await conn.execute(*_psycopg_many(schema, rows))
-        else:
-            await execute_async(conn, kind, schema, rows)
-    return [uuid.UUID(row[0]) for row in rows]
+        await execute_async(conn, kind, schema, rows)
+    return [row[0] for row in rows]
 
 
 async def enqueue_async(
@@ -229,6 +263,7 @@ async def enqueue_async(
     json_default: JsonDefault | None = None,
 ) -> uuid.UUID:
     """enqueue for an async connection; awaited. Same arguments, same checks, same row."""
-    event = _event(aggregate_type, aggregate_id, event_type, payload, headers, topic, event_id)
-    [event_id] = await enqueue_many_async(conn, [event], schema=schema, json_default=json_default)
-    return event_id
+    kind = check_target(conn, want_async=True)
+    row = _one_row(aggregate_type, aggregate_id, event_type, payload, headers, topic, event_id, json_default)
+    await execute_async(conn, kind, schema, [row])
+    return row[0]

@@ -13,15 +13,26 @@ the event would be lost while its id was returned.
 
 An object is recognised by the classes of the libraries already imported (sys.modules): an object of a
 library that is not imported cannot be one of its classes, and postbox imports none of them itself.
+
+One statement per call, whatever the number of rows. One row: a one-row VALUES. Several: the rows as one
+array per column through unnest (WITH ORDINALITY keeps the list's order, so ids follow it), one statement
+text for any number of rows, so drivers that prepare statements (psycopg after a few runs, asyncpg always)
+prepare it once; psycopg sends the arrays in binary, which spares quoting every element in Python. The
+sync SQLAlchemy, Django and psycopg2 paths, whose driver may be one that cannot bind arrays, send a
+multi-row VALUES. Statements are built once per schema and kept (`tests/bench/writers.py` measures them).
 """
 
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
-Row = tuple[str, str, str, str, str | None, bytes | None, str, str | None]  # as the INSERT takes it
+# As the INSERT takes it: event_id, aggregate_type, aggregate_id, event_type, payload (JSON text),
+# payload_bytes, headers (JSON text), topic.
+Row = tuple[uuid.UUID, str, str, str, str | None, bytes | None, str, str | None]
 Kind = Literal["psycopg", "dbapi", "sqlalchemy", "psycopg-async", "sqlalchemy-async", "asyncpg"]
 SYNC_KINDS = ("psycopg", "dbapi", "sqlalchemy")
 
@@ -52,12 +63,21 @@ _CLASSES: tuple[tuple[str, tuple[str, ...], Kind], ...] = (
     ("psycopg2.extensions", ("connection", "cursor"), "dbapi"),
 )
 
+# The kind found for each class of object seen (only kinds found: an unsupported class is looked up again
+# each time, and raises anyway). A class's kind cannot change: the classes it was matched against exist
+# once their module is imported, and a class's bases are fixed.
+_KIND_OF_CLASS: dict[type, Kind] = {}
+
 
 def kind_of(target: object) -> Kind | None:
     """Which driver API `target` speaks, or None when it is none postbox supports."""
+    kind = _KIND_OF_CLASS.get(type(target))
+    if kind is not None:
+        return kind
     for module_name, class_names, kind in _CLASSES:
         module = sys.modules.get(module_name)
         if module is not None and isinstance(target, tuple(getattr(module, name) for name in class_names)):
+            _KIND_OF_CLASS[type(target)] = kind
             return kind
     return None
 
@@ -65,17 +85,17 @@ def kind_of(target: object) -> Kind | None:
 def check_target(target: object, *, want_async: bool) -> Kind:
     """The kind of `target`, or TypeError naming what is supported (nothing has been written)."""
     kind = kind_of(target)
+    if kind is not None and (kind in SYNC_KINDS) != want_async:
+        return kind
     name = f"{type(target).__module__}.{type(target).__qualname__}"
     if kind is None:
         raise TypeError(f"postbox cannot write through a {name}: pass {SUPPORTED}")
-    if want_async and kind in SYNC_KINDS:
+    if want_async:
         raise TypeError(f"{name} is synchronous: call enqueue / enqueue_many (not the _async ones) with it")
-    if not want_async and kind not in SYNC_KINDS:
-        raise TypeError(
-            f"{name} is asynchronous: `await enqueue_async(...)` / `await enqueue_many_async(...)` with it "
-            "(enqueue would return an event id and write nothing)"
-        )
-    return kind
+    raise TypeError(
+        f"{name} is asynchronous: `await enqueue_async(...)` / `await enqueue_many_async(...)` with it "
+        "(enqueue would return an event id and write nothing)"
+    )
 
 
 def quoted_table(schema: str) -> str:
@@ -94,41 +114,100 @@ def values_statement(table: str, rows: int, cell: Callable[[int, str], str]) -> 
     return f"INSERT INTO {table} ({', '.join(COLUMNS)}) VALUES " + ", ".join(groups)
 
 
+def unnest_statement(table: str, cell: Callable[[int, str], str]) -> str:
+    """INSERT of the rows given as one array per column (`cell(n, cast)` as for values_statement, the cast
+    an array's), in the arrays' order, whatever their length."""
+    arrays = ", ".join(cell(col + 1, cast + "[]") for col, cast in enumerate(CASTS))
+    return (
+        f"INSERT INTO {table} ({', '.join(COLUMNS)}) SELECT a, b, c, d, e, f, g, h FROM unnest({arrays})"
+        " WITH ORDINALITY AS u(a, b, c, d, e, f, g, h, n) ORDER BY n"
+    )
+
+
+def _plain(_n: int, _cast: str) -> str:  # psycopg 3, one row: the column's type is the parameter's
+    return "%s"
+
+
+def _binary(_n: int, cast: str) -> str:  # psycopg 3, arrays: sent in binary, cast to the column's type
+    return f"%b::{cast}"
+
+
 def _pyformat(_n: int, cast: str) -> str:  # psycopg2 and Django: positional %s
     return f"%s::{cast}"
 
 
-def _numbered(n: int, cast: str) -> str:  # asyncpg: $n, every value sent as text (bytes as bytea)
-    return f"${n}::bytea" if cast == "bytea" else f"${n}::text::{cast}"
+def _numbered(n: int, cast: str) -> str:  # asyncpg: $n, encoded by asyncpg as the cast's type
+    return f"${n}::{cast}"
 
 
 def _named(n: int, cast: str) -> str:  # SQLAlchemy's text(): :name binds, whatever the driver below
     return f"CAST(:p{n} AS {cast})"
 
 
-def _flat(rows: Sequence[Row]) -> list[object]:
-    return [value for row in rows for value in row]
+@lru_cache(maxsize=64)
+def _psycopg_statements(schema: str) -> tuple[str, str]:
+    """(one row, arrays) for psycopg 3. A '%' in the schema's name is doubled, as psycopg reads it."""
+    table = quoted_table(schema).replace("%", "%%")
+    return values_statement(table, 1, _plain), unnest_statement(table, _binary)
 
 
-def _sqlalchemy_statement(schema: str, rows: Sequence[Row]) -> tuple[Any, dict[str, object]]:
+@lru_cache(maxsize=64)
+def _asyncpg_statements(schema: str) -> tuple[str, str]:
+    table = quoted_table(schema)
+    return values_statement(table, 1, _numbered), unnest_statement(table, _numbered)
+
+
+@lru_cache(maxsize=64)
+def _sqlalchemy_statements(schema: str) -> tuple[Any, Any]:
     from sqlalchemy import text  # noqa: PLC0415  (only a caller holding a SQLAlchemy object gets here)
 
     # A ':' in the schema's name would read as a bind parameter: escaped, as text() documents.
     table = quoted_table(schema).replace(":", "\\:")
-    binds = {f"p{index + 1}": value for index, value in enumerate(_flat(rows))}
-    return text(values_statement(table, len(rows), _named)), binds
+    return text(values_statement(table, 1, _named)), text(unnest_statement(table, _named))
+
+
+@lru_cache(maxsize=256)
+def _sqlalchemy_values(schema: str, rows: int) -> Any:
+    from sqlalchemy import text  # noqa: PLC0415
+
+    return text(values_statement(quoted_table(schema).replace(":", "\\:"), rows, _named))
+
+
+@lru_cache(maxsize=256)
+def _pyformat_values(schema: str, rows: int) -> str:
+    # Django and psycopg2 (pyformat): a '%' in the schema's name is doubled, as pyformat reads it.
+    return values_statement(quoted_table(schema).replace("%", "%%"), rows, _pyformat)
+
+
+_BIND_NAMES = tuple(f"p{n}" for n in range(1, len(COLUMNS) + 1))
+
+
+def _columns(rows: Sequence[Row]) -> list[list[Any]]:
+    """One list per column, for the arrays."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _flat_text_ids(rows: Sequence[Row]) -> list[object]:
+    """Every row's values in one list, the event id as text: psycopg2 cannot bind a UUID unless told to."""
+    return [value for row in rows for value in (str(row[0]), *row[1:])]
 
 
 def execute_sync(target: Any, kind: Kind, schema: str, rows: Sequence[Row]) -> None:
-    """Insert `rows` through a sync `target` of `kind` (not "psycopg": enqueue keeps its own statements)."""
-    if kind == "sqlalchemy":
-        statement, binds = _sqlalchemy_statement(schema, rows)
-        target.execute(statement, binds)
+    """Insert `rows` (at least one) through a sync `target` of `kind`, in one statement."""
+    if kind == "psycopg":
+        one, many = _psycopg_statements(schema)
+        if len(rows) == 1:
+            target.execute(one, rows[0])
+        else:
+            target.execute(many, _columns(rows))
         return
-    # Django and psycopg2 (pyformat): through a cursor, the connection's when given the connection. A '%'
-    # in the schema's name is doubled, as pyformat reads it.
-    table = quoted_table(schema).replace("%", "%%")
-    statement, params = values_statement(table, len(rows), _pyformat), _flat(rows)
+    if kind == "sqlalchemy":
+        values = _flat_text_ids(rows)
+        binds = {f"p{index + 1}": value for index, value in enumerate(values)}
+        target.execute(_sqlalchemy_values(schema, len(rows)), binds)
+        return
+    # Django and psycopg2: through a cursor, the connection's when given the connection.
+    statement, params = _pyformat_values(schema, len(rows)), _flat_text_ids(rows)
     if hasattr(target, "fetchone"):  # a cursor: the caller's
         target.execute(statement, params)
         return
@@ -140,9 +219,22 @@ def execute_sync(target: Any, kind: Kind, schema: str, rows: Sequence[Row]) -> N
 
 
 async def execute_async(target: Any, kind: Kind, schema: str, rows: Sequence[Row]) -> None:
-    """Insert `rows` through an async `target` of `kind` (not "psycopg-async")."""
-    if kind == "sqlalchemy-async":
-        statement, binds = _sqlalchemy_statement(schema, rows)
-        await target.execute(statement, binds)
+    """Insert `rows` (at least one) through an async `target` of `kind`, in one statement."""
+    if kind == "psycopg-async":
+        one, many = _psycopg_statements(schema)
+        if len(rows) == 1:
+            await target.execute(one, rows[0])
+        else:
+            await target.execute(many, _columns(rows))
         return
-    await target.execute(values_statement(quoted_table(schema), len(rows), _numbered), *_flat(rows))
+    if kind == "sqlalchemy-async":
+        # On asyncpg or psycopg, both of which bind a list as an array.
+        one, many = _sqlalchemy_statements(schema)
+        values = rows[0] if len(rows) == 1 else _columns(rows)
+        await target.execute(one if len(rows) == 1 else many, dict(zip(_BIND_NAMES, values, strict=True)))
+        return
+    one, many = _asyncpg_statements(schema)
+    if len(rows) == 1:
+        await target.execute(one, *rows[0])
+    else:
+        await target.execute(many, *_columns(rows))

@@ -226,6 +226,14 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
         for i in range(20):
             enqueue(app, f"least{uuid.uuid4().hex[:4]}", f"a{i}", "E", {"i": i})
         app.commit()
+        # The SQL writers too (EXECUTE from roles.sql; no SELECT needed for the ids they return), rolled back.
+        app.execute("SELECT postbox.enqueue('least', 'a', 'E', '{}')")
+        [ids] = app.execute(
+            "SELECT postbox.enqueue_many(ARRAY['least', 'least'], ARRAY['a', 'b'], ARRAY['E', 'E'], "
+            "ARRAY['{}', '{}']::jsonb[])"
+        ).fetchall()
+        assert len(ids[0]) == 2
+        app.rollback()
     refused(url["writer"], "SELECT count(*) FROM postbox.outbox")
     for column, value in [
         ("state", "published"),
