@@ -143,6 +143,8 @@ def _row_of(
     headers_json = _headers_json(headers, trace_context) if headers or trace_context else "{}"
     if isinstance(payload, bytes | bytearray | memoryview):
         payload_json, payload_bytes = None, bytes(payload)
+    elif payload is None:  # a tombstone: both columns NULL, and the relay sends a null value
+        payload_json, payload_bytes = None, None
     else:
         payload_json, payload_bytes = _payload_json(event_type, payload, json_default), None
     return (_event_id(event_id), aggregate_type, key, event_type, payload_json, payload_bytes, headers_json,

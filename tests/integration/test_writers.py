@@ -325,10 +325,17 @@ def test_every_writer_writes_a_batch_in_list_order_and_a_single_bytes_event(
         _with_sync_writer(servers, writer, "commit", write)
     with connect(servers.database_url, odd_schema, autocommit=True) as conn:
         rows = _rows(conn, aggregate_type)
+        tombstones = conn.execute(
+            "SELECT event_id FROM outbox "
+            "WHERE aggregate_type = %s AND payload IS NULL AND payload_bytes IS NULL",
+            (aggregate_type,),
+        ).fetchall()
     assert rows == [
         *_expected_batch(written, aggregate_type),
         (str(written[4]), "a-5", "Sent", None, b"\x01", {}, "t.5"),
     ]
+    # A None payload is a tombstone (both columns NULL, so the relay sends a null value), not JSON null.
+    assert tombstones == [(written[3],)]
     assert all(type(event_id) is uuid.UUID for event_id in written)
 
 
