@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install tools demo test lint format unit integration clean
+.PHONY: install tools demo test lint format unit integration docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,15 @@ unit: install
 integration: install
 	$(BIN)/pytest tests/integration
 
-# Quality gates first, then every test (unit, then integration against real servers the fixtures start).
-test: tools lint
+# The documentation site (docs/, mkdocs.yml) into site/. --strict: any warning fails it, a link to a page or a
+# heading that does not exist included.
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir site
+
+# Quality gates and the docs build first, then every test (unit, then integration against real servers the
+# fixtures start).
+test: tools lint docs
 	$(BIN)/pytest
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site

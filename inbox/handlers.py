@@ -96,6 +96,19 @@ class Unhandled(PermanentError):
 
 
 class Inbox:
+    """A downstream service's handlers, one per event type, each given the open transaction and the message;
+    every message is applied once per `consumer` (the name its claims are kept under, and the default
+    consumer group).
+
+    `message_id` says where a message's id is: `"header:NAME"` (the relay's `id` header by default),
+    `"payload:a.b.c"` or `"coordinates"`. `event_type_header` names the header handlers are chosen by (the
+    relay's `eventType`). A handler that raises (but for PermanentError, which parks its message at once)
+    is tried again after a random wait that grows exponentially from `retry_backoff` seconds (at most 10),
+    `max_attempts` attempts in all; then its message is parked, and also produced to `dead_letter_topic`
+    when one is given. A message no handler takes is parked (`unhandled="park"`) or recorded done
+    (`unhandled="ignore"`). `schema` holds the inbox's tables.
+    """
+
     def __init__(
         self,
         consumer: str,

@@ -40,6 +40,10 @@ def usable_id(raw: bytes | str, where: str) -> str:
 
 @dataclass(frozen=True)
 class Message:
+    """A consumed Kafka record as a handler gets it: its coordinates, key, value and headers, the id it is
+    applied once under (`message_id`) and its event type (the header handlers are chosen by). `payload` is
+    the value as JSON, or the handler's `payload_type` when it registered one."""
+
     topic: str
     partition: int
     offset: int
@@ -52,6 +56,7 @@ class Message:
 
     @property
     def key_text(self) -> str | None:
+        """The key as text (undecodable bytes replaced), None without a key."""
         return None if self.key is None else self.key.decode("utf-8", errors="replace")
 
     @cached_property

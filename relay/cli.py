@@ -26,7 +26,8 @@ Handler = Callable[[argparse.Namespace, Any, argparse.ArgumentParser], int]
 
 
 def services() -> dict[str, type[Settings]]:
-    """The daemons `postbox config check --service` and the README's tables describe."""
+    """The daemons `postbox config check --service` and the settings reference's tables
+    (docs/reference/settings.md) describe."""
     from postbox.inbox.settings import ConsumeSettings, ServeSettings, WorkSettings  # noqa: PLC0415
     from postbox.relay.outbox.settings import RelaySettings  # noqa: PLC0415
 
@@ -72,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a service's settings and print them with where each came from, secrets masked "
         "(exit 1 when one is invalid); without --service, every service",
     )
-    check.add_argument("--service", choices=["relay", "inbox", "webhook-worker", "receiver"])
+    check.add_argument(
+        "--service",
+        choices=["relay", "inbox", "webhook-worker", "receiver"],
+        help="check this service only, and fail when its required settings are absent",
+    )
     check.add_argument(
         "--connect",
         action="store_true",
@@ -88,10 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(handler=_cmd_config_check)
     reference = config_commands.add_parser(
-        "reference", help="a service's settings as a Markdown table (the README's tables are these)"
+        "reference",
+        help="a service's settings, or every command, as Markdown (the tables of docs/reference/settings.md "
+        "and the page docs/reference/cli.md are these)",
     )
-    reference.add_argument(
-        "--service", choices=["relay", "inbox", "webhook-worker", "receiver"], required=True
+    what = reference.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--service",
+        choices=["relay", "inbox", "webhook-worker", "receiver"],
+        help="this service's settings: flag, variable, default and meaning of each",
+    )
+    what.add_argument(
+        "--commands", action="store_true", help="every postbox command with its arguments and options"
     )
     reference.set_defaults(handler=_cmd_config_reference)
 
@@ -196,7 +209,7 @@ def _cmd_config_check(args: argparse.Namespace, settings: None, parser: argparse
 # Variables read outside the settings' declarations: families of names, and the tools' own.
 _VARIABLE_FAMILIES = (
     "POSTBOX_RDKAFKA_",  # any librdkafka property (relay.core.kafka_config)
-    "POSTBOX_TEST_",  # the test suite's servers (tests/servers.py)
+    "POSTBOX_TEST_",  # the test suite's servers (tests/support/servers.py)
     "POSTBOX_PG_BIN",  # the dev stack's PostgreSQL binaries (relay.devstack.postgres)
     "POSTBOX_CACHE_DIR",  # the dev stack's Kafka jars (relay.devstack.kafka)
     "POSTBOX_TRACE_WATERFALL",  # the tracing test's picture (tests/integration/test_tracing.py)
@@ -286,8 +299,61 @@ def _check_app(name: str, loaded: Any) -> tuple[Any, str | None]:
 def _cmd_config_reference(args: argparse.Namespace, settings: None, parser: argparse.ArgumentParser) -> int:
     from postbox.relay.core.settings import reference_table  # noqa: PLC0415
 
-    print(reference_table(services()[args.service]))
+    print(commands_reference() if args.commands else reference_table(services()[args.service]))
     return 0
+
+
+# The width the command reference's usage lines are wrapped at, whatever the terminal's.
+REFERENCE_WIDTH = 100
+
+
+def commands_reference() -> str:
+    """Every `postbox` command as Markdown, walked from the parser: what it does, its usage, its arguments
+    and options with their help (which names each setting's variable and default). docs/reference/cli.md
+    holds this text, and a test keeps it equal."""
+    sections: list[str] = []
+    pending: list[tuple[argparse.ArgumentParser, str]] = [(build_parser(), "")]
+    while pending:
+        parser, summary = pending.pop(0)
+        formatter = argparse.HelpFormatter(parser.prog, width=REFERENCE_WIDTH)
+        formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
+        lines = [f"## {parser.prog}", ""]
+        if summary or parser.description:
+            lines += [_cell(summary or parser.description or ""), ""]
+        lines += ["```text", formatter.format_help().strip(), "```"]
+        children: list[tuple[argparse.ArgumentParser, str]] = []
+        arguments: list[tuple[str, str]] = []
+        options: list[tuple[str, str]] = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+                children += [(sub, helps.get(name, "")) for name, sub in action.choices.items()]
+            elif isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            else:
+                meaning = formatter._expand_help(action) if action.help else ""
+                row = (formatter._format_action_invocation(action), meaning)
+                (options if action.option_strings else arguments).append(row)
+        if children:
+            lines += ["", "| command | what it does |", "|---|---|"]
+            lines += [f"| [`{sub.prog}`](#{_anchor(sub.prog)}) | {_cell(text)} |" for sub, text in children]
+        for title, rows in (("argument", arguments), ("option", options)):
+            if rows:
+                lines += ["", f"| {title} | meaning |", "|---|---|"]
+                lines += [f"| `{invocation}` | {_cell(text)} |" for invocation, text in rows]
+        sections.append("\n".join(lines))
+        pending = children + pending  # depth first: a command's own commands follow it
+    return "\n\n".join(sections)
+
+
+def _anchor(prog: str) -> str:
+    """The id Markdown gives the heading `## prog` (mkdocs' default slugs: lower case, words joined by -)."""
+    return "-".join(prog.lower().split())
+
+
+def _cell(text: str) -> str:
+    """`text` on one line, safe in a Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.servers import Servers, provide_servers
+from tests.support.servers import Servers, provide_servers
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def relay_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 @pytest.fixture
 def schema(servers: Servers, relay_mode: str) -> Iterator[str]:
     """A freshly migrated schema of its own for each test (in the test's relay mode), dropped afterwards."""
-    from tests.support import prepare_outbox  # noqa: PLC0415
+    from tests.support.database import prepare_outbox  # noqa: PLC0415
 
     name = f"t_{uuid.uuid4().hex[:12]}"
     prepare_outbox(servers.database_url, name, relay_mode)
@@ -49,7 +49,7 @@ def db(servers: Servers, schema: str) -> Iterator[psycopg.Connection[tuple[objec
 def bank(db: psycopg.Connection[tuple[object, ...]]) -> psycopg.Connection[tuple[object, ...]]:
     """`db` with the tables of tests.apps.bank (accounts, effects) in the test's schema."""
     from tests.apps.bank import SCHEMA_SQL  # noqa: PLC0415
-    from tests.support import execute_script  # noqa: PLC0415
+    from tests.support.database import execute_script  # noqa: PLC0415
 
     execute_script(db, SCHEMA_SQL)
     return db

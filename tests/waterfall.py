@@ -1,6 +1,7 @@
 """A text waterfall of one trace from the spans an OTLP receiver decoded (tests/otlp.py): each span under
-its parent, a bar where it ran on the trace's clock, its duration and its events. The README's picture of
-a trace is this output (tests/integration/test_tracing.py writes it to POSTBOX_TRACE_WATERFALL when set)."""
+its parent, a bar where it ran on the trace's clock, its duration and its events. The picture of a trace
+in docs/how-to/tracing.md is this output (tests/integration/test_tracing.py writes it to
+POSTBOX_TRACE_WATERFALL when set)."""
 
 from __future__ import annotations
 

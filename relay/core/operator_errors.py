@@ -5,7 +5,7 @@ what the caller found out about the schema, to the line and the code; the CLI's 
 The exit codes follow sysexits.h, which service managers and shells already know:
 69 EX_UNAVAILABLE (a server cannot be reached: try again later), 77 EX_NOPERM (the server refuses these
 credentials), 78 EX_CONFIG (the configuration names something that is not there, or a schema that is not
-migrated). The README's "Exit codes" table lists them with postbox's own 1, 2 and 3.
+migrated). docs/reference/exit-codes.md lists them with postbox's own 1, 2 and 3.
 
 A connection refused by the server reaches the client with no SQLSTATE: libpq keeps only the text of the
 server's FATAL message (psycopg's OperationalError then has sqlstate None), so those are recognised by

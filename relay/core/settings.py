@@ -1,7 +1,7 @@
 """Settings declared once. Each field of a settings dataclass carries its declaration (help, bounds, secret or
 not, its variable); the CLI flag, the environment variable, validation with a message naming the setting,
-`--help`, `postbox config check` and the README's tables all come from it. Pure apart from reading the
-files `*_FILE` variables name.
+`--help`, `postbox config check` and the tables of docs/reference/settings.md all come from it. Pure apart
+from reading the files `*_FILE` variables name.
 
 A service's variables share its prefix (POSTBOX_RELAY_, POSTBOX_INBOX_, POSTBOX_WEBHOOK_); the connection
 settings, logging and the metrics address are shared and keep plain POSTBOX_ names. Nothing is read from the
@@ -27,7 +27,7 @@ from postbox.relay.core.secrets import secret as read_secret
 from postbox.relay.core.sql import check_schema_name
 
 _KEY = "postbox.setting"
-NO_DEFAULT = "\N{EN DASH}"  # how --help and the README's tables show "no default"
+NO_DEFAULT = "\N{EN DASH}"  # how --help and the settings reference show "no default"
 
 
 class SettingsError(ValueError):
@@ -68,7 +68,7 @@ class Declaration:
     required: bool = False
     choices: tuple[str, ...] = ()
     bounds: tuple[float, float] | None = None  # inclusive; seconds for durations
-    shown_default: str | None = None  # what --help and the README say when the default is computed
+    shown_default: str | None = None  # what --help and the docs say when the default is computed
     renamed: tuple[Renamed, ...] = ()
     retired: tuple[str, ...] = ()  # earlier names now refused (see AMBIGUOUS)
     # For settings gathered from a family of variables plus a repeatable flag (librdkafka's properties):
@@ -288,7 +288,7 @@ class Declared:
 
     @property
     def shown_default(self) -> str:
-        """The default as --help and the README state it."""
+        """The default as --help and the settings reference state it."""
         if self.declaration.shown_default is not None:
             return self.declaration.shown_default
         if self.declaration.secret or self.default in (None, "", {}, (), []):
@@ -460,7 +460,7 @@ def describe(loaded: Loaded[Settings]) -> list[str]:
 
 
 def reference_table(cls: type[Settings]) -> str:
-    """The README's table of `cls`'s settings (a test keeps the README equal to this)."""
+    """The table of `cls`'s settings in docs/reference/settings.md (a test keeps the page equal to this)."""
     rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
     for item in declared(cls):
         flag = f"`{item.flag}`" if not item.declaration.switch else f"`{item.flag}` / `--no-{item.flag[2:]}`"

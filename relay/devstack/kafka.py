@@ -100,6 +100,10 @@ logger.state.level = WARN
 """
 
 
+# Times a node that exits during a cluster's start is started again before the start fails.
+START_RESTARTS = 2
+
+
 @dataclass
 class KafkaNode:
     node_id: int
@@ -136,8 +140,18 @@ class LocalKafka:
         return ",".join(node.address for node in self.nodes)
 
     def start(self, timeout: float = 90.0) -> LocalKafka:
+        """Format and start every node, and wait until each answers metadata requests. A start that fails
+        stops every node it had started and removes their directories (a failed three-node start once left
+        two brokers running, and their data behind, after the test run that asked for it had ended)."""
         libs = resolve_jars()
         self._classpath = f"{libs}/*"
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop(remove=True)
+            raise
+
+    def _start(self, timeout: float) -> LocalKafka:
         self.nodes = [
             KafkaNode(i + 1, free_port(), free_port(), self.base_dir / f"node{i + 1}", self.host)
             for i in range(self.nodes_count)
@@ -160,7 +174,7 @@ class LocalKafka:
         for node in self.nodes:
             self.start_node(node, wait=False)
         for node in self.nodes:
-            self._wait_ready(node, timeout)
+            self._wait_ready(node, timeout, restarts=START_RESTARTS)
         return self
 
     def _properties(self, node: KafkaNode) -> str:
@@ -226,19 +240,28 @@ class LocalKafka:
         if wait:
             self._wait_ready(node, timeout)
 
-    def _wait_ready(self, node: KafkaNode, timeout: float) -> None:
+    def _wait_ready(self, node: KafkaNode, timeout: float, restarts: int = 0) -> None:
+        """Wait until `node` answers metadata requests. A node that exits meanwhile is started again, up to
+        `restarts` times, each with the whole `timeout` again: on a loaded machine a KRaft node can give up
+        on its quorum before the others are up (node 1 of three did, at a load average of 8-10)."""
         deadline = time.monotonic() + timeout
-        if not wait_for_port(node.port, timeout, host=node.host):
-            raise KafkaStartError(
-                f"Kafka node {node.node_id} did not open port {node.port}: {self._tail(node)}"
-            )
+        exits: list[int] = []
         # An open port is not a working broker: ask for cluster metadata until a controller answers.
         from confluent_kafka.admin import AdminClient  # noqa: PLC0415  (keeps this module light to import)
 
         admin = AdminClient({"bootstrap.servers": node.address})
         while time.monotonic() < deadline:
-            if node.process is not None and node.process.poll() is not None:
-                raise KafkaStartError(f"Kafka node {node.node_id} exited: {self._tail(node)}")
+            code = node.process.poll() if node.process is not None else None
+            if code is not None:
+                exits.append(code)
+                if len(exits) > restarts:
+                    raise KafkaStartError(
+                        f"Kafka node {node.node_id} exited during its start (exit codes {exits}, "
+                        f"{len(exits) - 1} restarts): {self._tail(node)}"
+                    )
+                self.start_node(node, wait=False)
+                deadline = time.monotonic() + timeout
+                continue
             try:
                 metadata = admin.list_topics(timeout=2)
                 if metadata.brokers and metadata.controller_id >= 0:
@@ -246,14 +269,21 @@ class LocalKafka:
             except Exception:  # noqa: BLE001,S110  (not up yet: any error means try again)
                 pass
             time.sleep(0.2)
+        listening = wait_for_port(node.port, 0.1, host=node.host)
         raise KafkaStartError(
-            f"Kafka node {node.node_id} never answered metadata requests: {self._tail(node)}"
+            f"Kafka node {node.node_id} never answered metadata requests within {timeout:.0f} s "
+            f"(port {node.port} {'open' if listening else 'never opened'}): {self._tail(node)}"
         )
 
     @staticmethod
     def _tail(node: KafkaNode) -> str:
-        log = node.directory / "server.log"
-        return log.read_text()[-3000:] if log.exists() else "(no server.log)"
+        """The end of the node's server.log, and of its stdout (where the JVM says why it did not start)."""
+        parts = []
+        for name, size in (("server.log", 3000), ("stdout.log", 1000)):
+            path = node.directory / name
+            text = path.read_text(errors="replace")[-size:].strip() if path.exists() else ""
+            parts.append(f"[{name}] {text or '(empty)'}")
+        return "\n".join(parts)
 
     def stop_node(self, node: KafkaNode, kill: bool = False, timeout: float = 30.0) -> None:
         process = node.process

@@ -189,7 +189,9 @@ def switch_mode(
         return tick
 
 
-MOVED_DATABASE_HELP = "run `postbox relay rebase` once, with the relays stopped (README: Moving the database)"
+MOVED_DATABASE_HELP = (
+    "run `postbox relay rebase` once, with the relays stopped (docs/how-to/move-the-database.md)"
+)
 
 
 def foreign_log(conn: psycopg.Connection[tuple[object, ...]]) -> str | None:

@@ -26,8 +26,8 @@ def add_relay_commands(commands: Any) -> None:
     requeue = sub.add_parser("requeue", help="put failed (parked) rows back to pending")
     add_flags(requeue, DatabaseSettings)
     requeue.add_argument("--id", type=int, action="append", dest="ids", help="row id (repeatable)")
-    requeue.add_argument("--aggregate-type")
-    requeue.add_argument("--event-type")
+    requeue.add_argument("--aggregate-type", help="requeue the failed rows of this aggregate type")
+    requeue.add_argument("--event-type", help="requeue the failed rows of this event type")
     requeue.add_argument("--error-like", help="SQL LIKE pattern on the recorded error")
     requeue.add_argument("--all", action="store_true", help="requeue every failed row")
     requeue.add_argument(
@@ -43,7 +43,9 @@ def add_relay_commands(commands: Any) -> None:
         help="switch the outbox to log mode (append-only, read in commit order) or back to queue mode",
     )
     add_flags(switch, DatabaseSettings)
-    switch.add_argument("mode", choices=["log", "queue"])
+    switch.add_argument(
+        "mode", choices=["log", "queue"], help="log: append-only, read in commit order; queue: claim and mark"
+    )
     switch.set_defaults(handler=_cmd_switch_mode)
 
     rebase = sub.add_parser(

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from operator import attrgetter
 from pathlib import Path
@@ -39,6 +39,7 @@ from postbox.relay.core.tracing import TRACING_OFF, Tracing
 from postbox.relay.outbox import admin
 from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.held import HeldAggregates
+from postbox.relay.outbox.housekeeping import CENSUS_SECONDS, Housekeeping, Steps
 from postbox.relay.outbox.lane_turns import LaneTurns
 from postbox.relay.outbox.leases import LeaseKeeper
 from postbox.relay.outbox.log_reader import (
@@ -46,7 +47,6 @@ from postbox.relay.outbox.log_reader import (
     LogReader,
     log_started,
     outbox_in_log_mode,
-    prune_ticks,
     shards_behind_switch,
 )
 from postbox.relay.outbox.metrics import RelayMetrics
@@ -74,7 +74,6 @@ NOTIFY_CHANNEL = "postbox_outbox"
 UNROUTABLE = "(unroutable)"
 log = structlog.get_logger("postbox.relay")
 _ID, _AGGREGATE_ID, _SHARD = attrgetter("id"), attrgetter("aggregate_id"), attrgetter("shard")
-CENSUS_SECONDS = 10.0  # the least seconds between two censuses (Relay._refresh_backlog_gauges)
 HELD_IN_SHARD = Delivery(Disposition.RETRY, "held back behind an earlier row of its shard (log mode)")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -189,10 +188,7 @@ class Relay:
         self._next_held_reload = 0.0
         self._routes = TopicRoutes(settings.topic_template)
         self._lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
-        self._next_prune = 0.0
-        self._next_census = 0.0  # when the census may be taken again (monotonic)
-        self._census: admin.Status | None = None  # the last status with a census
-        self._stranded_seen = 0  # logged once per change
+        self._housekeeping: Housekeeping | None = None  # gauges, census, partitions, pruning: own thread
         self.connected = False
         self._batch_conns: list[Connection] = []  # one per lane
         self._lease_conn: Connection | None = None
@@ -246,6 +242,8 @@ class Relay:
 
     def _loop_turn(self) -> None:
         self._ensure_connected()
+        assert self._housekeeping is not None
+        self._housekeeping.check()
         full = self._turn()
         if self.publisher.fatal_error:
             raise FatalRelayError(self.publisher.fatal_error)
@@ -275,7 +273,8 @@ class Relay:
         self._disconnect()
 
     def _connections(self) -> tuple[Connection | None, ...]:
-        return (*self._batch_conns, self._lease_conn, self._listen_conn)
+        housekeeping = self._housekeeping.conn if self._housekeeping is not None else None
+        return (*self._batch_conns, self._lease_conn, self._listen_conn, housekeeping)
 
     def _ensure_connected(self) -> None:
         if self._batch_conns and self._lease_conn is not None:
@@ -308,6 +307,16 @@ class Relay:
             self._listen_conn = self._connect(True)
             self._listen_conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         self.leases = LeaseKeeper(self._lease_conn, self.settings.relay_id, self.settings.lease_ttl)
+        self._housekeeping = Housekeeping(
+            self._connect,
+            self.metrics,
+            interval=self.settings.lease_ttl / 3,  # as often as leases are renewed
+            partition_xids=self.settings.partition_xids,
+            prune_retention=self.settings.prune_retention,
+            prune_interval=self.settings.prune_interval,
+            log_mode=lambda: self._log is not None,
+        )
+        self._housekeeping.start()
         self.connected = True
         log.info("relay_connected")
 
@@ -399,6 +408,9 @@ class Relay:
 
     def _disconnect(self) -> None:
         self.connected = False
+        if self._housekeeping is not None:
+            self._housekeeping.stop()
+            self._housekeeping = None
         for conn in self._connections():
             if conn is not None:
                 conn.close()
@@ -421,6 +433,10 @@ class Relay:
         self._disconnect()
 
     def healthy(self) -> tuple[bool, str]:
+        housekeeping = self._housekeeping
+        stalled = housekeeping.stalled_for() if housekeeping is not None else 0.0
+        if stalled > self.daemon.stall_limit:
+            return False, f"housekeeping (gauges, partitions) last finished a round {stalled:.0f}s late"
         return self.daemon.healthy()
 
     def ready(self) -> tuple[bool, str]:
@@ -454,11 +470,12 @@ class Relay:
     # -- one turn of the loop --------------------------------------------------------------------------
 
     def _turn(self) -> bool:
-        """Maintain leases, maybe prune, drain the lanes. True when rows may still be waiting."""
+        """Maintain leases, drain the lanes. True when rows may still be waiting."""
         assert self.leases is not None
         if self.leases.due():
-            # Every lane is paused meanwhile: the debug line has each step's time (tests/bench/first_minute).
-            steps = _Steps()
+            # Every lane is paused meanwhile, so nothing else is done here (gauges, partitions and pruning
+            # are Housekeeping's): the debug line has each step's time (tests/bench/first_minute).
+            steps = Steps()
             owned = self.leases.tick()
             steps.done("lease_tick")
             self.metrics.shards_owned.set(len(owned))
@@ -468,14 +485,9 @@ class Relay:
             steps.done("check_mode")
             self._refresh_held(frozenset(owned))
             steps.done("held")
-            self._refresh_backlog_gauges()
-            steps.done("gauges")
-            self._maintain_partitions()
-            steps.done("partitions")
             log.debug("relay_lease_turn", began_at=steps.began_at, ms=steps.ms)
         if self._topics.blocked and time.monotonic() >= self._topics.next_recheck:
             self._recheck_blocked_topics()
-        self._maybe_prune()
         self._broker_trouble = self.publisher.broker_trouble()
         self.metrics.ready.set(1 if self.ready()[0] else 0)
         if not self.leases.owned:
@@ -780,18 +792,6 @@ class Relay:
                 self._release_held(topic)
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
 
-    def _report_stranded(self, stranded: admin.Stranded) -> None:
-        self.metrics.stranded_rows.set(stranded.rows)
-        if stranded.rows != self._stranded_seen:  # logged once per change
-            self._stranded_seen = stranded.rows
-            if stranded.rows:
-                log.error(
-                    "relay_rows_stranded",
-                    rows=stranded.rows,
-                    first_ids=stranded.first_ids,
-                    help="`postbox relay status` names them; `postbox relay requeue --stranded` queues them",
-                )
-
     def _refresh_held(self, owned: frozenset[int]) -> None:
         """At a lease renewal (no batch open) where shards changed hands, and every CENSUS_SECONDS: the
         aggregates held for a topic as the database has them, and the held rows of a topic that takes
@@ -881,62 +881,6 @@ class Relay:
         # A batch where nothing got through (the broker is struggling) makes drain() back off.
         self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
 
-    def _refresh_backlog_gauges(self) -> None:
-        assert self._lease_conn is not None
-        # The census (stranded rows, the log's unread ones) reads every partition, and every unread row:
-        # at most every CENSUS_SECONDS, and on a large backlog at most about 2% of the lease connection's
-        # time. Its statements also lock every partition, which each time makes pruning's drop of a
-        # finished partition wait. The figures shown meanwhile are the last census's.
-        census = time.monotonic() >= self._next_census
-        started = time.monotonic()
-        current = admin.status(self._lease_conn, census=census)
-        if census:
-            log.debug("relay_census", ms=round((time.monotonic() - started) * 1000, 1))
-            self._census = current
-            taken = time.monotonic() - started
-            self._next_census = time.monotonic() + max(CENSUS_SECONDS, 50 * taken)
-        stranded = self._census.stranded if self._census else None
-        current = replace(current, stranded=stranded, log=self._census.log if self._census else None)
-        self.metrics.backlog_rows.set(current.backlog)
-        self.metrics.oldest_pending_seconds.set(current.oldest_unpublished_seconds)
-        if stranded is not None:
-            self._report_stranded(stranded)
-        self.metrics.failed_rows.set(current.failed)
-        self.metrics.unowned_shards.set(current.unowned_shards)
-        self.metrics.outbox_partitions.labels("finished").set(current.partitions_finished)
-        self.metrics.outbox_partitions.labels("in_use").set(current.partitions - current.partitions_finished)
-        if self._log is not None:
-            prune_ticks(self._lease_conn)
-            progress = admin.log_progress(self._lease_conn)
-            self.metrics.log_tick_age_seconds.set(progress.tick_age_seconds)
-            self.metrics.log_oldest_open_transaction_seconds.set(progress.oldest_open_transaction_seconds)
-            for shard, lag in progress.cursor_lag_seconds.items():
-                self.metrics.log_cursor_lag_seconds.labels(str(shard)).set(lag)
-
-    def _maintain_partitions(self) -> None:
-        """Keep outbox partitions ahead of the txids in use (writers would otherwise fill the default
-        partition), and note the finished ones; emptying them is pruning's (with --prune-retention)."""
-        assert self._lease_conn is not None
-        upkeep = admin.maintain_partitions(self._lease_conn, self.settings.partition_xids, None)
-        if upkeep.changed:
-            log.info("relay_partitions_maintained", created=upkeep.created, done=upkeep.done)
-
-    def _maybe_prune(self) -> None:
-        retention = self.settings.prune_retention
-        if retention is None or time.monotonic() < self._next_prune:
-            return
-        self._next_prune = time.monotonic() + self.settings.prune_interval
-        pruned = admin.prune(self._batch_conns[0], retention, batch_size=1000, max_batches=10)
-        if pruned.rows or pruned.partitions.changed:
-            log.info(
-                "relay_pruned",
-                rows=pruned.rows,
-                partitions_emptied=pruned.partitions.emptied,
-                partitions_dropped=pruned.partitions.dropped,
-                parked_moved=pruned.partitions.parked_moved,
-                retention_seconds=retention / timedelta(seconds=1),
-            )
-
     # -- waiting -----------------------------------------------------------------------------------------
 
     def _wait(self, seconds: float) -> None:
@@ -958,20 +902,6 @@ class Relay:
             # Short slices keep SIGTERM handling prompt; one notification is enough to go and look.
             if any(True for _ in self._listen_conn.notifies(timeout=min(remaining, 0.5), stop_after=1)):
                 return
-
-
-class _Steps:
-    """Wall-clock start and milliseconds per step of a lease turn, for its debug line."""
-
-    def __init__(self) -> None:
-        self.began_at = time.time()
-        self.ms: dict[str, float] = {}
-        self._mark = time.perf_counter()
-
-    def done(self, step: str) -> None:
-        now = time.perf_counter()
-        self.ms[step] = round((now - self._mark) * 1000, 1)
-        self._mark = now
 
 
 def _all_lanes(lanes: list[Future[bool]]) -> bool:

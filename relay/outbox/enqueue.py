@@ -35,6 +35,19 @@ _NO_CONTEXT: Mapping[str, str] = MappingProxyType({})
 
 @dataclass(frozen=True)
 class OutboxEvent:
+    """One event for enqueue_many (and enqueue_many_async): the arguments enqueue takes, as a value.
+
+    Attributes:
+        aggregate_type: what the event is about (`order`); names the topic by default.
+        aggregate_id: which one; the Kafka key, and the unit of order.
+        event_type: what happened (`OrderChanged`); sent in a header.
+        payload: a JSON value (encoded by one documented rule per type), bytes (sent as they are), or
+            None (a tombstone: a null value on Kafka).
+        headers: extra Kafka headers, text.
+        topic: a topic of its own, instead of the routed one.
+        event_id: the message id, stable across duplicates; a new UUID by default.
+    """
+
     aggregate_type: str
     aggregate_id: str | int | uuid.UUID  # stored as text (relay.outbox.payload.aggregate_key)
     event_type: str

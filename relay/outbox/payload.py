@@ -1,7 +1,7 @@
 """From a service's values to what an outbox row stores: one documented encoding. Pure, no I/O.
 
 JSON payloads and header values are encoded by `encode_json`, which takes what `json.dumps` takes and,
-by one rule each (README "Typed payloads"):
+by one rule each (docs/how-to/write-events.md):
 - a pydantic v2 model: its `model_dump(mode="json")` (its own aliases and serializers apply);
 - a dataclass instance: its fields, as `dataclasses.asdict` gives them, each encoded by these rules;
 - `Decimal`: a string of its exact digits (`Decimal("12.30")` -> "12.30"): a JSON number would pass

@@ -285,7 +285,12 @@ SELECT pg_advisory_xact_lock(%(key)s)
 -- The relay's way to the same lock: it never waits for it. The holder may be a replica stopped between
 -- this lock and its commit (SIGSTOP, a VM pause); a lane waiting behind it would hold up the lease tick
 -- that ends the stopped replica's sessions, and so wait for the server's idle timeout.
-SELECT pg_try_advisory_xact_lock(%(key)s)
+-- The relay's tick commits without waiting for the WAL flush (a lane's claim waits for its tick, with the
+-- lease connection's lock held). A crash of PostgreSQL may lose the last ticks, but never one a cursor
+-- stands at: a cursor moves to a tick in a transaction that read it, so that move's commit record comes
+-- after the tick's in the WAL, and the WAL that keeps the move keeps the tick. Rows published from a lost
+-- tick's window are published again from the next (duplicates, which at-least-once allows).
+SELECT pg_try_advisory_xact_lock(%(key)s), set_config('synchronous_commit', 'off', true)
 
 -- name: log_newest_tick
 SELECT tick FROM outbox_tick ORDER BY tick DESC LIMIT 1

@@ -7,7 +7,8 @@ built for Debezium's tracing (which does the same) sees the relay's span as its 
 One span per message rather than one per batch with a link per message: links do not join traces, so a
 batch span would start a trace of its own and break the one trace from the writer to the handler that
 the whole point is; and a sampled-out message costs a non-recording span only (the writer's sampling
-decision carries over by the parent-based sampler). The cost of both, sampled and not, is in the README.
+decision carries over by the parent-based sampler). The cost of both, sampled and not, is in
+docs/performance/tracing.md.
 """
 
 from __future__ import annotations

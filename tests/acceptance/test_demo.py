@@ -1,4 +1,5 @@
-"""The README's first command does what it says: events written in one service, published by the relay,
+"""The README's first command (`make demo`, which runs `postbox dev demo`) does what it says: events
+written in one service, published by the relay,
 applied once by an inbox in another, on a real local stack."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests.support import REPO
+from tests.support.repo import REPO
 
 
 def test_the_demo_shows_events_flowing_and_nothing_missing() -> None:

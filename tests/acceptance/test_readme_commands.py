@@ -1,9 +1,10 @@
-"""The README's relay and inbox commands, exactly as written there, deliver events to the example handler.
+"""The documented relay and inbox commands, exactly as written, deliver events to the example handler.
 
-The commands are read out of README.md (so the test follows the text), run by bash with only the
-environment the README describes (`DATABASE_URL`, and `POSTBOX_*` for what the inbox command leaves to
-the environment), against a database of their own on the test server, with `broker:9092` standing for
-the test broker.
+The commands are read out of the documentation (README.md and docs/, through tests/docs.py, which also
+checks that every page showing one shows the same line, so the test follows the text wherever it is), run
+by bash with only the environment the pages describe (`DATABASE_URL`, and `POSTBOX_*` for what the inbox
+command leaves to the environment), against a database of their own on the test server, with
+`broker:9092` standing for the test broker.
 """
 
 from __future__ import annotations
@@ -22,18 +23,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from postbox.relay.devstack.ports import free_port
 from postbox.relay.outbox import enqueue
-from tests.servers import Servers
-from tests.support import REPO, wait_until
-
-README = (REPO / "README.md").read_text()
+from tests import docs
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 
 def readme_command(prefix: str) -> str:
-    """The README's command line that starts with `prefix`, without its trailing comment."""
-    for line in README.splitlines():
-        if line.startswith(prefix):
-            return line.split("  #", 1)[0].strip()
-    raise AssertionError(f"README.md has no command starting {prefix!r}")
+    """The documentation's command line that starts with `prefix`, without its trailing comment: the same
+    line on every page that shows it (README.md, docs/how-to/run-the-relay.md, ...)."""
+    return docs.command(prefix)
 
 
 @pytest.fixture
@@ -49,10 +48,12 @@ def database(servers: Servers) -> Iterator[str]:
 def test_the_readme_relay_and_inbox_commands_apply_events_in_the_example_handler(
     servers: Servers, database: str
 ) -> None:
-    migrate = readme_command("postbox migrate ")
-    relay = readme_command("postbox relay run ").replace("broker:9092", servers.kafka_bootstrap)
+    migrate = readme_command("postbox migrate --database-url ")
+    relay = readme_command("postbox relay run --database-url ").replace(
+        "broker:9092", servers.kafka_bootstrap
+    )
     consume = readme_command("postbox inbox consume --app postbox.inbox.example:inbox")
-    assert "--event-type-header" not in relay, "the README's relay command takes the defaults"
+    assert "--event-type-header" not in relay, "the documented relay command takes the defaults"
     url = database
     env = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -121,7 +122,7 @@ def test_the_readme_relay_and_inbox_commands_apply_events_in_the_example_handler
 
 
 def _as_url(conninfo: str) -> str:
-    """A libpq URL, as the README's $DATABASE_URL is."""
+    """A libpq URL, as the documentation's $DATABASE_URL is."""
     parts = {k: str(v) for k, v in conninfo_to_dict(conninfo).items()}
     userinfo = parts.get("user", "postgres") + (f":{parts['password']}" if "password" in parts else "")
     host, port = parts.get("host", "127.0.0.1"), parts.get("port", "5432")

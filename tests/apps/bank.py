@@ -13,6 +13,7 @@ from postbox.inbox import Inbox, Message, PermanentError
 inbox = Inbox(
     "bank", max_attempts=3, retry_backoff=0.01, dead_letter_topic=os.environ.get("BANK_DLQ") or None
 )
+APP = "tests.apps.bank:inbox"  # this inbox, as `--app` names it
 
 SCHEMA_SQL = """
 CREATE TABLE accounts (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);

@@ -21,14 +21,12 @@ import itertools
 import json
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer
 
 from postbox.relay.devstack.kafka import LocalKafka
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
@@ -38,16 +36,18 @@ from tests.bench.run import (
     STAGES,
     WRITERS,
     BenchRelay,
-    Servers,
+    BenchServers,
+    ReceiveTimes,
     histogram_quantile,
     histogram_shares,
+    id_header,
     latency_stages,
+    paced_writes,
     payload_of,
     percentile,
     publishing,
-    writer_context,
 )
-from tests.support import http_get
+from tests.support.probes import http_get
 
 
 @dataclass
@@ -162,7 +162,7 @@ def _clock(when: float, start: float) -> str:
 
 
 def run_phase(
-    s: Servers,
+    s: BenchServers,
     rate: float,
     seconds: float,
     window: float,
@@ -172,80 +172,31 @@ def run_phase(
     if fresh_schema:
         s.fresh_schema("log")
     aggregate_type, topic = s.fresh_topic("minute")
-    committed: dict[str, float] = {}
-    received: dict[str, float] = {}
-    stop = threading.Event()
-    joined = threading.Event()
-    consumer = Consumer(
-        {
-            "bootstrap.servers": s.kafka.bootstrap,
-            "group.id": f"minute-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 5,
-            "fetch.min.bytes": 1,
-        }
-    )
-
-    def consume() -> None:
-        consumer.subscribe([topic], on_assign=lambda *_: joined.set())
-        while not stop.is_set():
-            message = consumer.poll(0.05)
-            if message is not None and not message.error():
-                event_id = dict(message.headers() or [])["id"]
-                assert isinstance(event_id, bytes)
-                received[event_id.decode()] = time.time()
-
     payload = payload_of(200)
 
-    def write(writer: int) -> None:
-        with psycopg.connect(s.postgres.dsn) as conn:
-            interval, next_at = WRITERS / rate, time.perf_counter()
-            deadline, i = next_at + seconds, writer
-            while time.perf_counter() < deadline:
-                event_id = enqueue(
-                    conn,
-                    aggregate_type,
-                    f"o-{i % 1000}",
-                    "Placed",
-                    {"pad": payload[:200]},
-                    writer_context(i, None),
-                )
-                conn.commit()
-                committed[str(event_id)] = time.time()
-                i += WRITERS
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.perf_counter()))
+    def write_one(conn: psycopg.Connection[Any], i: int) -> str:
+        event_id = enqueue(conn, aggregate_type, f"o-{i % 1000}", "Placed", {"pad": payload[:200]})
+        conn.commit()
+        return str(event_id)
 
     windows: dict[int, Window] = {}
     relay_started = time.time()
-    try:
-        with publishing(
-            s, "postbox", relay_args=("--mode", "log", *relay_args), log_level="debug"
-        ) as publishers:
-            relay = publishers[0]
-            assert isinstance(relay, BenchRelay)
-            reader = threading.Thread(target=consume)
-            reader.start()
-            if not joined.wait(60):
-                raise RuntimeError("the consumer got no partitions within 60 s")
-            start = time.time()
-            with Sampler(s.postgres.dsn, start, window, windows):
-                writers = [threading.Thread(target=write, args=(w,)) for w in range(WRITERS)]
-                for thread in writers:
-                    thread.start()
-                for thread in writers:
-                    thread.join()
-                deadline = time.monotonic() + 60
-                while len(received) < len(committed) and time.monotonic() < deadline:
-                    time.sleep(0.2)
-            stop.set()
-            reader.join()
-            _, metrics = http_get(relay.metrics_port, "/metrics")
-            relay.terminate()
-            relay_log = relay.log()
-    finally:
-        stop.set()
-        consumer.close()
+    with (
+        publishing(s, "postbox", relay_args=("--mode", "log", *relay_args), log_level="debug") as publishers,
+        ReceiveTimes(s.kafka.bootstrap, topic, id_header) as consumer,
+    ):
+        relay = publishers[0]
+        assert isinstance(relay, BenchRelay)
+        received = consumer.received
+        start = time.time()
+        with Sampler(s.postgres.dsn, start, window, windows):
+            committed, _ = paced_writes(s.postgres.dsn, rate, seconds, write_one)
+            deadline = time.monotonic() + 60
+            while len(received) < len(committed) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        _, metrics = http_get(relay.metrics_port, "/metrics")
+        relay.terminate()
+        relay_log = relay.log()
     print(
         f"   (relay ready {start - relay_started:.1f} s after its start; clock below from the writers' start)"
     )
@@ -369,7 +320,7 @@ def main() -> int:
         },
     ).start()
     kafka = LocalKafka(default_partitions=PARTITIONS).start()
-    s = Servers(postgres, kafka)
+    s = BenchServers(postgres, kafka)
     try:
         with psycopg.connect(postgres.dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

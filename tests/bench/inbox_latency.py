@@ -54,7 +54,7 @@ from tests.bench.run import (
     INBOX_BATCHES,
     PARTITIONS,
     WRITERS,
-    Servers,
+    BenchServers,
     bench_inbox,
     bench_raw_consumer,
     bench_raw_producer,
@@ -63,7 +63,9 @@ from tests.bench.run import (
     percentile,
     publishing,
 )
-from tests.support import REPO, InboxProcess, wait_until
+from tests.support.processes import InboxProcess
+from tests.support.repo import REPO
+from tests.support.waiting import wait_until
 
 APP = "tests.apps.inbox_latency:inbox"
 SERIES = ("commit->plain", "commit->handler", "handler-plain")
@@ -214,7 +216,7 @@ class LatencyRun:
     batch_size: float  # the measured events per inbox transaction, on average
 
 
-def measure_latency(s: Servers, code: Code, rate: float, seconds: float, folder: Path) -> LatencyRun:
+def measure_latency(s: BenchServers, code: Code, rate: float, seconds: float, folder: Path) -> LatencyRun:
     s.fresh_schema("log")  # what `postbox migrate` creates
     aggregate_type, topic = s.fresh_topic("inboxlat")
     tag = uuid.uuid4().hex[:6]
@@ -292,7 +294,12 @@ def show_run(run: LatencyRun) -> str:
 
 
 def bench_latency_rates(
-    s: Servers, codes: list[Code], rates: list[float], seconds: float, runs: int, say: Callable[[str], None]
+    s: BenchServers,
+    codes: list[Code],
+    rates: list[float],
+    seconds: float,
+    runs: int,
+    say: Callable[[str], None],
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="inbox-latency-") as folder:
         # A broker just started is slow to serve its first groups: one short measurement, not shown.
@@ -328,7 +335,7 @@ THROUGHPUT_VARIANTS = {
 
 
 def bench_throughput(
-    s: Servers, codes: list[Code], messages: int, runs: int, names: list[str], say: Callable[[str], None]
+    s: BenchServers, codes: list[Code], messages: int, runs: int, names: list[str], say: Callable[[str], None]
 ) -> None:
     """tests/bench/run.py's "consumers" part (bench_inbox, its variants) for each checkout, on the same
     topic in each run, the checkouts' order flipping from run to run."""
@@ -406,7 +413,7 @@ def main() -> int:
         find_bin_dir(), settings={"wal_level": "logical", "max_connections": "300"}
     ).start()
     kafka = LocalKafka(default_partitions=PARTITIONS).start()
-    s = Servers(postgres, kafka)
+    s = BenchServers(postgres, kafka)
     try:
         latency = (
             "latency: outbox in log mode, relay and inbox consumer with their defaults (inbox batch 500, "

@@ -24,7 +24,7 @@ from postbox.relay.core.logging import configure_logging
 from postbox.relay.devstack.kafka import LocalKafka
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from tests.apps.noop import inbox
-from tests.bench.run import PARTITIONS, Servers, bench_raw_producer, payload_of
+from tests.bench.run import PARTITIONS, BenchServers, bench_raw_producer, payload_of
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
     configure_logging("console", "info")  # the consumer's per-batch debug lines would drown the profile
     postgres = LocalPostgres(find_bin_dir()).start()
     kafka = LocalKafka(default_partitions=PARTITIONS).start()
-    s = Servers(postgres, kafka)
+    s = BenchServers(postgres, kafka)
     try:
         _, topic = bench_raw_producer(s, args.messages, payload_of(200))
         s.fresh_schema()

@@ -53,7 +53,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import confluent_kafka
 import psycopg
@@ -81,15 +81,12 @@ from postbox.relay.outbox.settings import (
 from tests.apps.noop import SCHEMA_SQL as NOOP_SCHEMA_SQL
 from tests.debezium import DebeziumConnect, debezium_version
 from tests.otlp import OtlpReceiver
-from tests.support import (
-    STRIPE_SECRET,
-    ChildProcess,
-    InboxProcess,
-    ReceiverProcess,
-    create_topic,
-    http_get,
-    wait_until,
-)
+from tests.support.kafka import create_topic
+from tests.support.probes import http_get
+from tests.support.processes import ChildProcess, InboxProcess, ReceiverProcess
+from tests.support.repo import REPO
+from tests.support.waiting import wait_until
+from tests.support.webhooks import STRIPE_SECRET
 
 SCHEMA = "postbox"
 INBOX_BATCHES = (100, 500, 1000)
@@ -114,7 +111,15 @@ def median_spread(values: list[float], decimals: int = 0) -> str:
 
 
 @dataclass
-class Servers:
+class BenchServers:
+    """The servers a benchmark started for itself and owns: the LocalPostgres and LocalKafka themselves
+    (their port for Debezium, their lifetime the benchmark's), one schema `postbox` that fresh_schema drops
+    and migrates again for each run, and a topic of PARTITIONS partitions per run from fresh_topic.
+
+    Not the tests' tests.support.servers.Servers, which is only where to find servers (from the environment,
+    testcontainers or the local runner), shared by a whole session and possibly someone else's: each test
+    migrates a schema of its own and never drops one it did not make."""
+
     postgres: LocalPostgres
     kafka: LocalKafka
 
@@ -162,7 +167,7 @@ def on_broker(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def bench_insert_rate(s: Servers, seconds: float, payload: str, mode: str = "queue") -> float:
+def bench_insert_rate(s: BenchServers, seconds: float, payload: str, mode: str = "queue") -> float:
     s.fresh_schema(mode)
     count = 0
     with psycopg.connect(s.postgres.dsn) as conn:
@@ -180,7 +185,7 @@ def bench_insert_rate(s: Servers, seconds: float, payload: str, mode: str = "que
 
 
 def preload(
-    s: Servers, rows: int, payload: str, aggregate_type: str = "order", sampled_every: int | None = None
+    s: BenchServers, rows: int, payload: str, aggregate_type: str = "order", sampled_every: int | None = None
 ) -> float:
     """Commit `rows` outbox rows in one transaction; returns the wall time at which they became visible.
     With `sampled_every`, each row carries a writer's W3C traceparent (as enqueue stores it), one in
@@ -216,7 +221,7 @@ CLAIM_BYTES = {
 }
 
 
-def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_on_publish: bool) -> float:
+def bench_claim_mark(s: BenchServers, rows: int, payload: str, batch: int, delete_on_publish: bool) -> float:
     """The relay's own claim + mark statements with no Kafka: the database's ceiling for the relay."""
     s.fresh_schema()
     preload(s, rows, payload)
@@ -260,7 +265,7 @@ def bench_claim_mark(s: Servers, rows: int, payload: str, batch: int, delete_on_
         return done / (time.perf_counter() - started)
 
 
-def bench_log_read(s: Servers, rows: int, payload: str, batch: int) -> float:
+def bench_log_read(s: BenchServers, rows: int, payload: str, batch: int) -> float:
     """Log mode's read with no Kafka: the relay's own LogReader over every shard (one lane), each page's
     rows taken as published and the cursors moved, one transaction per page: the database's ceiling for
     log mode, beside claim+mark's for queue mode."""
@@ -287,7 +292,7 @@ def bench_log_read(s: Servers, rows: int, payload: str, batch: int) -> float:
         return done / (time.perf_counter() - started)
 
 
-def bench_raw_producer(s: Servers, messages: int, payload: str) -> tuple[float, str]:
+def bench_raw_producer(s: BenchServers, messages: int, payload: str) -> tuple[float, str]:
     """(messages/s, the topic they are in): each message has a distinct `id` header, as relayed ones do."""
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
     create_topic(s.kafka.bootstrap, topic, PARTITIONS)
@@ -343,11 +348,13 @@ class BenchRelay(ChildProcess):
 
     def __init__(
         self,
-        s: Servers,
+        s: BenchServers,
         extra: tuple[str, ...] = (),
         log_level: str = "info",
         env: dict[str, str] | None = None,
+        code: Path | None = None,
     ) -> None:
+        """code: a checkout whose postbox to run (a paired before/after benchmark), else this one."""
         self.metrics_port = free_port()
         super().__init__(
             f"bench-relay-{uuid.uuid4().hex[:6]}",
@@ -366,6 +373,7 @@ class BenchRelay(ChildProcess):
             ],
             env=env,
             log_level=log_level,
+            cwd=code or REPO,
         )
         self.process_id = self.process.pid
 
@@ -377,7 +385,7 @@ class BenchRelay(ChildProcess):
             return False
 
 
-def pending(s: Servers) -> int:
+def pending(s: BenchServers) -> int:
     """Rows still to publish: pending ones, or in log mode, while any shard's cursor has not passed the
     newest logged row's transaction, 1 (a cheap test over 64 cursors, where counting would read the
     table on every look)."""
@@ -394,17 +402,18 @@ def pending(s: Servers) -> int:
 
 @contextlib.contextmanager
 def publishing(
-    s: Servers,
+    s: BenchServers,
     tool: str,
     replicas: int = 1,
     relay_args: tuple[str, ...] = (),
     log_level: str = "info",
     env: dict[str, str] | None = None,
+    code: Path | None = None,
 ) -> Iterator[list[Publisher]]:
-    """`replicas` postbox relays (with `env` added to their environment), or one Debezium worker, running
-    and ready to publish new rows."""
+    """`replicas` postbox relays (with `env` added to their environment, from the checkout `code` if
+    given), or one Debezium worker, running and ready to publish new rows."""
     if tool == "postbox":
-        relays = [BenchRelay(s, relay_args, log_level, env) for _ in range(replicas)]
+        relays = [BenchRelay(s, relay_args, log_level, env, code) for _ in range(replicas)]
         try:
             wait_until(lambda: all(r.ready() for r in relays), 60, interval=0.2, what="relays ready")
             if replicas > 1:
@@ -423,7 +432,7 @@ def publishing(
 
 
 def bench_drain(
-    s: Servers,
+    s: BenchServers,
     rows: int,
     payload: str,
     tool: str,
@@ -432,14 +441,16 @@ def bench_drain(
     env: dict[str, str] | None = None,
     sampled_every: int | None = None,
     mode: str = "queue",
+    code: Path | None = None,
 ) -> tuple[float, float, float, float]:
     """(events/s, peak RSS MB of the largest publisher, the publishers' CPU seconds, the whole machine's
-    CPU seconds), all over the drain. mode: the outbox's and the relays' (postbox only)."""
+    CPU seconds), all over the drain. mode: the outbox's and the relays' (postbox only). code: a checkout
+    whose relay to run (see BenchRelay)."""
     s.fresh_schema(mode)
     if tool == "postbox":
         relay_args = (*relay_args, "--mode", mode)
     aggregate_type, topic = s.fresh_topic("drain")
-    with publishing(s, tool, replicas, relay_args, env=env) as publishers:
+    with publishing(s, tool, replicas, relay_args, env=env, code=code) as publishers:
         cpu_before = sum(process_usage(p.process_id)[1] for p in publishers)
         visible = preload(s, rows, payload, aggregate_type, sampled_every)
         machine_before = machine_busy_seconds()
@@ -458,6 +469,85 @@ def bench_drain(
     return rows / seconds, max(u[0] for u in usage), sum(u[1] for u in usage) - cpu_before, machine
 
 
+def paced_writes(
+    dsn: str, rate: float, seconds: float, write_one: Callable[[psycopg.Connection[Any], int], str]
+) -> tuple[dict[str, float], float]:
+    """WRITERS connections, each calling `write_one(conn, i)` (which commits one event and returns its id)
+    at rate / WRITERS for `seconds`, i running over all writers' events. Returns when each event's commit
+    returned (wall clock, by id) and how long the writers ran."""
+    committed: dict[str, float] = {}
+
+    def write(writer: int) -> None:
+        with psycopg.connect(dsn) as conn:
+            interval, next_at = WRITERS / rate, time.perf_counter()
+            deadline, i = next_at + seconds, writer
+            while time.perf_counter() < deadline:
+                event_id = write_one(conn, i)
+                committed[event_id] = time.time()
+                i += WRITERS
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(WRITERS)]
+    started = time.monotonic()
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    return committed, time.monotonic() - started
+
+
+class ReceiveTimes:
+    """A plain consumer of `topic` (fetch.wait.max.ms 5, as a latency-minded consumer sets it) in a thread
+    of its own: when each event arrived (wall clock), by the id `event_id` reads off the message. Entered
+    once the consumer has its partitions (a broker just started can take seconds to load its group
+    coordinator), so that the clock starts after that."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, event_id: Callable[[confluent_kafka.Message], str]
+    ) -> None:
+        self.received: dict[str, float] = {}
+        self._topic, self._event_id = topic, event_id
+        self._stop, self._joined = threading.Event(), threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"latency-{uuid.uuid4().hex[:6]}",
+                "auto.offset.reset": "earliest",  # a fresh topic: everything on it is this run's
+                "fetch.wait.max.ms": 5,
+                "fetch.min.bytes": 1,
+            }
+        )
+        self._thread = threading.Thread(target=self._consume)
+
+    def __enter__(self) -> ReceiveTimes:
+        self._thread.start()
+        if not self._joined.wait(60):
+            self.__exit__()
+            raise RuntimeError("the latency consumer got no partitions within 60 s")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._consumer.close()
+
+    def _consume(self) -> None:
+        self._consumer.subscribe([self._topic], on_assign=lambda *_: self._joined.set())
+        while not self._stop.is_set():
+            message = self._consumer.poll(0.05)
+            if message is not None and not message.error():
+                self.received[self._event_id(message)] = time.time()
+
+
+def id_header(message: confluent_kafka.Message) -> str:
+    """The event id a relay puts in each message's `id` header."""
+    event_id = dict(message.headers() or [])["id"]
+    assert isinstance(event_id, bytes)
+    return event_id.decode()
+
+
 @dataclass
 class LatencyRun:
     latencies: list[float]  # ms from each writer's commit returning to a consumer receiving it, sorted
@@ -466,10 +556,11 @@ class LatencyRun:
     stages: dict[str, list[float]] | None = None  # ms per event and stage (postbox with breakdown=True)
     slowest: dict[str, float] | None = None  # the median of each stage over the slowest 1% of events
     relay_histogram: dict[float, float] | None = None  # commit_to_ack: share of events within each bound
+    seconds: float = 0.0  # how long the writers ran
 
 
 def bench_latency(
-    s: Servers,
+    s: BenchServers,
     rate: float,
     seconds: float,
     tool: str,
@@ -481,91 +572,55 @@ def bench_latency(
     sampled_every: int | None = None,
     mode: str = "queue",
     open_transaction: bool = False,
+    code: Path | None = None,
 ) -> LatencyRun:
     """Writers commit one event per transaction at `rate`; each event's time from the commit returning to
     a consumer receiving it. With `breakdown` (postbox only) the relay runs at debug level, whose
     per-batch line gives each batch's wall-clock stages and rows, and each event's latency is split
     into its stages (see STAGES). mode: the outbox's and the relay's (postbox only). open_transaction: a
-    transaction elsewhere that takes an id (and writes no outbox row) stays open while the writers run."""
+    transaction elsewhere that takes an id (and writes no outbox row) stays open while the writers run.
+    code: a checkout whose relay to run (see BenchRelay)."""
     s.fresh_schema(mode)
     if tool == "postbox":
         relay_args = (*relay_args, "--mode", mode)
     aggregate_type, topic = s.fresh_topic("latency")
-    committed: dict[str, float] = {}
-    received: dict[str, float] = {}
-    stop = threading.Event()
-    consumer = Consumer(
-        {
-            "bootstrap.servers": s.kafka.bootstrap,
-            "group.id": f"lat-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "earliest",  # a fresh topic: everything on it is this run's
-            "fetch.wait.max.ms": 5,
-            "fetch.min.bytes": 1,
-        }
-    )
 
-    joined = threading.Event()
-
-    def consume() -> None:
-        consumer.subscribe([topic], on_assign=lambda *_: joined.set())
-        while not stop.is_set():
-            message = consumer.poll(0.05)
-            if message is not None and not message.error():
-                event_id = dict(message.headers() or [])["id"]
-                assert isinstance(event_id, bytes)
-                received[event_id.decode()] = time.time()
-
-    def write(writer: int, writers: int) -> None:
-        # Each of `writers` connections commits one event per transaction at rate / writers.
-        with psycopg.connect(s.postgres.dsn) as conn:
-            interval, next_at = writers / rate, time.perf_counter()
-            deadline = next_at + seconds
-            i = writer
-            while time.perf_counter() < deadline:
-                event_id = enqueue(
-                    conn,
-                    aggregate_type,
-                    f"o-{i % 1000}",
-                    "Placed",
-                    {"pad": payload[:200]},
-                    writer_context(i, sampled_every),
-                )
-                conn.commit()
-                committed[str(event_id)] = time.time()
-                i += writers
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.perf_counter()))
+    def write_one(conn: psycopg.Connection[Any], i: int) -> str:
+        event_id = enqueue(
+            conn,
+            aggregate_type,
+            f"o-{i % 1000}",
+            "Placed",
+            {"pad": payload[:200]},
+            writer_context(i, sampled_every),
+        )
+        conn.commit()
+        return str(event_id)
 
     relay_args = (*relay_args, *(() if listen else ("--no-listen",)))
     log_level = "debug" if breakdown else "info"
     run: LatencyRun
     holder = psycopg.connect(s.postgres.dsn) if open_transaction else None
     try:
-        with publishing(s, tool, relay_args=relay_args, log_level=log_level, env=env) as publishers:
-            reader = threading.Thread(target=consume)
-            reader.start()
-            # The consumer joins its group before the clock starts (a broker just started can take
-            # seconds to load its group coordinator).
-            if not joined.wait(60):
-                raise RuntimeError("the latency consumer got no partitions within 60 s")
+        with (
+            publishing(s, tool, relay_args=relay_args, log_level=log_level, env=env, code=code) as publishers,
+            ReceiveTimes(s.kafka.bootstrap, topic, id_header) as consumer,
+        ):
+            received = consumer.received
             _, cpu_before = process_usage(publishers[0].process_id)
             if holder is not None:
                 holder.execute("SELECT pg_current_xact_id()")  # an id, in every snapshot's running list
-            writers = [threading.Thread(target=write, args=(w, WRITERS)) for w in range(WRITERS)]
-            for thread in writers:
-                thread.start()
-            for thread in writers:
-                thread.join()
+            committed, writing = paced_writes(s.postgres.dsn, rate, seconds, write_one)
             wait_until(lambda: len(received) >= len(committed), 60, interval=0.2, what="every event received")
-            stop.set()
-            reader.join()
             peak, cpu = process_usage(publishers[0].process_id)
             run = LatencyRun(
-                sorted((received[e] - committed[e]) * 1000 for e in committed), peak, cpu - cpu_before
+                sorted((received[e] - committed[e]) * 1000 for e in committed),
+                peak,
+                cpu - cpu_before,
+                seconds=writing,
             )
-            if breakdown:
-                relay = publishers[0]
-                assert isinstance(relay, BenchRelay)
+            relay = publishers[0]
+            if isinstance(relay, BenchRelay):  # the relay's own view, to set beside the consumer's
                 _, metrics = http_get(relay.metrics_port, "/metrics")
                 run.relay_histogram = histogram_shares(metrics, "postbox_relay_commit_to_ack_seconds")
             publishers[0].terminate()
@@ -573,8 +628,6 @@ def bench_latency(
                 assert isinstance(relay, BenchRelay)
                 run.stages, run.slowest = latency_stages(s, relay.log(), committed, received)
     finally:
-        stop.set()
-        consumer.close()
         if holder is not None:
             holder.rollback()
             holder.close()
@@ -593,7 +646,7 @@ STAGES = {
 
 
 def latency_stages(
-    s: Servers, relay_log: str, committed: dict[str, float], received: dict[str, float]
+    s: BenchServers, relay_log: str, committed: dict[str, float], received: dict[str, float]
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     batches: dict[int, dict[str, float]] = {}
     for line in relay_log.splitlines():
@@ -684,7 +737,7 @@ def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-def bench_raw_consumer(s: Servers, topic: str, messages: int) -> float:
+def bench_raw_consumer(s: BenchServers, topic: str, messages: int) -> float:
     """A plain confluent-kafka consumer reading `messages` from the start: first message to last."""
     consumer = Consumer(
         {
@@ -707,7 +760,7 @@ def bench_raw_consumer(s: Servers, topic: str, messages: int) -> float:
         consumer.close()
 
 
-def bench_inbox_claim(s: Servers, messages: int, batch: int) -> float:
+def bench_inbox_claim(s: BenchServers, messages: int, batch: int) -> float:
     """The inbox's own limit: its claim statement (the consumer's `claim_messages`, arrays in binary as the
     consumer sends them) and the commit, for batches of `batch` new message ids on one connection. No
     Kafka, no handler; the parameters are built before the clock starts."""
@@ -738,7 +791,7 @@ def bench_inbox_claim(s: Servers, messages: int, batch: int) -> float:
 
 
 def bench_inbox(
-    s: Servers, topic: str, messages: int, batch: int = 500, app: str = "tests.apps.noop:inbox"
+    s: BenchServers, topic: str, messages: int, batch: int = 500, app: str = "tests.apps.noop:inbox"
 ) -> tuple[float, float, float]:
     """(messages/s into the inbox, peak RSS MB, CPU s): `postbox inbox consume` with the app's handler,
     measured from its first claim row to its last (the database clock), so start-up is left out."""
@@ -882,7 +935,9 @@ def receiver_cpu(receiver: ReceiverProcess) -> float:
     return sum(process_usage(pid)[1] for pid in receiver.process_tree())
 
 
-def bench_webhooks(s: Servers, seconds: int, connections: int, events: int, workers: int = 1) -> WebhookRun:
+def bench_webhooks(
+    s: BenchServers, seconds: int, connections: int, events: int, workers: int = 1
+) -> WebhookRun:
     """The receiver under wrk, every request a distinct Stripe event with a valid signature, so each is
     verified and inserted; afterwards, how many events the database holds."""
     s.fresh_schema()
@@ -916,7 +971,7 @@ RETURNING provider, event_id;
 """
 
 
-def bench_webhook_insert_limit(s: Servers, connections: int, seconds: int) -> float:
+def bench_webhook_insert_limit(s: BenchServers, connections: int, seconds: int) -> float:
     """Statements/s of the receiver's durable write with no HTTP and no Python: one Stripe-sized event
     per statement and per commit (autocommit), from `connections` pgbench clients."""
     s.fresh_schema()
@@ -981,7 +1036,7 @@ def tracing_variants(sink: OtlpReceiver, folder: Path) -> list[TracingVariant]:
 
 
 def bench_tracing(
-    s: Servers, rows: int, runs: int, latency_seconds: float, relay_args: tuple[str, ...]
+    s: BenchServers, rows: int, runs: int, latency_seconds: float, relay_args: tuple[str, ...]
 ) -> None:
     """The relay's drain and latency with tracing absent, off and on, interleaved run by run so that the
     machine's drift falls on every variant alike; spans go to an OTLP/HTTP receiver in this process."""
@@ -1078,7 +1133,7 @@ def main() -> int:
         find_bin_dir(), settings={"wal_level": "logical", "max_connections": "300"}
     ).start()
     kafka = LocalKafka(default_partitions=PARTITIONS).start()
-    s = Servers(postgres, kafka)
+    s = BenchServers(postgres, kafka)
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -1,7 +1,7 @@
 """The soak: writers, three relays and two inbox consumers on real servers of its own, with faults on a
 schedule, judged at the end by the independent checker (tests/chaos/checker.py).
 
-    python -m tests.chaos.soak --duration 1800          # the long run the README reports
+    python -m tests.chaos.soak --duration 1800          # the long run the docs report
     python -m tests.chaos.soak --duration 60 --fault-every 5
 
 Faults: a relay SIGKILLed (and replaced), a relay SIGSTOPped past its lease (a zombie) and resumed, a
@@ -30,15 +30,10 @@ from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox import OutboxEvent, enqueue_many
 from tests.apps.ledger import SCHEMA_SQL
 from tests.chaos.checker import Report, check
-from tests.support import (
-    InboxProcess,
-    RelayProcess,
-    create_topic,
-    outbox_states,
-    prepare_outbox,
-    read_topic,
-    wait_until,
-)
+from tests.support.database import outbox_states, prepare_outbox
+from tests.support.kafka import create_topic, read_topic
+from tests.support.processes import InboxProcess, RelayProcess
+from tests.support.waiting import wait_until
 
 SCHEMA = "postbox"
 AGGREGATE_TYPE = "soak"

@@ -15,8 +15,11 @@ import pytest
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox import enqueue
 from tests.debezium import DebeziumConnect
-from tests.servers import Servers
-from tests.support import Record, RelayProcess, create_topic, prepare_outbox, read_topic, wait_until
+from tests.support.database import prepare_outbox
+from tests.support.kafka import Record, create_topic, read_topic
+from tests.support.processes import RelayProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 SCHEMA = "postbox"
 PARTITIONS = 6

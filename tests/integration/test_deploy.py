@@ -27,8 +27,11 @@ from postbox.relay.devstack.ports import free_port
 from postbox.relay.outbox import enqueue
 from postbox.relay.outbox.admin import migrate_schema
 from postbox.relay.outbox.metrics import RelayMetrics
-from tests.servers import Servers
-from tests.support import REPO, RelayProcess, followed_modes, outbox_states, wait_until
+from tests.support.database import outbox_states
+from tests.support.processes import RelayProcess, followed_modes
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
 BUILT_IN = {
@@ -165,15 +168,10 @@ def test_every_workload_works_under_its_own_role_and_is_refused_outside_its_job(
     from postbox.inbox.webhooks.providers import stripe_signature_header  # noqa: PLC0415
     from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
     from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL  # noqa: PLC0415
-    from tests.support import (  # noqa: PLC0415
-        STRIPE_SECRET,
-        InboxProcess,
-        ReceiverProcess,
-        WorkerProcess,
-        create_topic,
-        execute_script,
-        produce,
-    )
+    from tests.support.database import execute_script  # noqa: PLC0415
+    from tests.support.kafka import create_topic, produce  # noqa: PLC0415
+    from tests.support.processes import InboxProcess, ReceiverProcess, WorkerProcess  # noqa: PLC0415
+    from tests.support.webhooks import STRIPE_SECRET  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate_schema(conn, "postbox", "log")  # a new outbox, as `postbox migrate` makes it: log mode

@@ -3,12 +3,12 @@ OrderChanged event in one transaction: the order row, and exactly one outbox row
 aggregate id, event type and payload the inbox example projects, written by the transaction that wrote
 the order (the row's `txid` is the order's `xmin`).
 
-The commands are read out of examples/README.md (so the test follows the text; README.md and each example's
-own header must show the same lines) and run by bash with only the environment it describes: `DATABASE_URL`
-(the test server) and `POSTBOX_SCHEMA` (the test's freshly migrated schema). The FastAPI app is served by
-the documented uvicorn command on a free port and called with the documented request; an order the database
-refuses answers 422 and writes no event. The Django example runs on Django's psycopg 3 backend and, with
-psycopg hidden from Django's backend, on psycopg2.
+The commands are read out of examples/README.md (so the test follows the text; the documentation, in
+docs/how-to/write-events.md, and each example's own header must show the same lines) and run by bash with only
+the environment it describes: `DATABASE_URL` (the test server) and `POSTBOX_SCHEMA` (the test's freshly
+migrated schema). The FastAPI app is served by the documented uvicorn command on a free port and called with
+the documented request; an order the database refuses answers 422 and writes no event. The Django example runs
+on Django's psycopg 3 backend and, with psycopg hidden from Django's backend, on psycopg2.
 """
 
 from __future__ import annotations
@@ -31,22 +31,26 @@ import pytest
 from psycopg import sql
 
 from postbox.relay.devstack.ports import free_port
-from tests.servers import Servers
-from tests.support import REPO, wait_until
+from tests import docs
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 EXAMPLES = REPO / "examples"
 README = (EXAMPLES / "README.md").read_text()
-MAIN_README = (REPO / "README.md").read_text()
+DOCUMENTATION = docs.text()  # README.md and every page under docs/
 PLACED = re.compile(r"order (\S+) placed, event (\S+)")
 
 
 def documented(prefix: str) -> str:
     """examples/README.md's command line that starts with `prefix`, without its trailing comment (and the
-    same line in README.md, which shows each command too)."""
+    same line in the documentation, which shows each command too)."""
     for line in README.splitlines():
         if line.startswith(prefix):
             command = line.split("  #", 1)[0].strip()
-            assert command in MAIN_README, f"README.md does not show {command!r} as examples/README.md does"
+            assert command in DOCUMENTATION, (
+                f"the documentation does not show {command!r} as examples/README.md does"
+            )
             return command
     raise AssertionError(f"examples/README.md has no command starting {prefix!r}")
 
@@ -104,7 +108,9 @@ def assert_written_together(servers: Servers, schema: str, order_id: str, event_
 
 
 def assert_the_file_says(path: str, command: str) -> None:
-    assert command in (EXAMPLES / path).read_text(), f"{path} documents another command than the README"
+    assert command in (EXAMPLES / path).read_text(), (
+        f"{path} documents another command than examples/README.md"
+    )
 
 
 def place(command: str, env: dict[str, str], placed: list[str]) -> tuple[str, str, str]:

@@ -23,20 +23,13 @@ from confluent_kafka import Producer
 
 from postbox.inbox.webhooks.providers import stripe_signature_header
 from postbox.relay.outbox import enqueue
-from tests.servers import Servers
-from tests.support import (
-    STRIPE_SECRET,
-    InboxProcess,
-    ReceiverProcess,
-    RelayProcess,
-    create_topic,
-    http_get,
-    metric_value,
-    outbox_states,
-    produce_with_headers,
-    read_topic,
-    wait_until,
-)
+from tests.support.database import outbox_states
+from tests.support.kafka import create_topic, produce_with_headers, read_topic
+from tests.support.probes import http_get, metric_value
+from tests.support.processes import InboxProcess, ReceiverProcess, RelayProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
+from tests.support.webhooks import STRIPE_SECRET
 
 Conn = psycopg.Connection[tuple[object, ...]]
 MB = 1 << 20
@@ -521,7 +514,7 @@ def test_a_replayed_shopify_body_under_a_new_delivery_id_or_topic_is_a_duplicate
     import hashlib  # noqa: PLC0415
     import hmac  # noqa: PLC0415
 
-    from tests.support import SHOPIFY_SECRET  # noqa: PLC0415
+    from tests.support.webhooks import SHOPIFY_SECRET  # noqa: PLC0415
 
     body = json.dumps({"id": 820982911946154508, "email": "jon@example.com", "total_price": "9.50"}).encode()
     signature = base64.b64encode(hmac.new(SHOPIFY_SECRET.encode(), body, hashlib.sha256).digest()).decode()

@@ -19,8 +19,11 @@ from psycopg import sql
 from postbox.relay.core.db import connect
 from postbox.relay.core.migrate import load_migrations
 from postbox.relay.core.sql import name_for_parameters
-from tests.servers import Servers
-from tests.support import REPO, RelayProcess, read_topic, wait_until
+from tests.support.kafka import read_topic
+from tests.support.processes import RelayProcess
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import psycopg
 
-from tests.servers import Servers
-from tests.support import InboxProcess, create_topic, inbox_cli, produce, wait_until
+from tests.support.kafka import create_topic, produce
+from tests.support.processes import InboxProcess, inbox_cli
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 APP = "tests.apps.async_bank:inbox"
 Conn = psycopg.Connection[tuple[object, ...]]

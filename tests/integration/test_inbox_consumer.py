@@ -8,25 +8,14 @@ from pathlib import Path
 
 import psycopg
 
-from tests.servers import Servers
-from tests.support import InboxProcess, create_topic, produce, read_topic, wait_until
+from tests.apps.bank import APP
+from tests.support.bank import deposits, effects
+from tests.support.kafka import create_topic, produce, read_topic
+from tests.support.processes import InboxProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
-APP = "tests.apps.bank:inbox"
 Conn = psycopg.Connection[tuple[object, ...]]
-
-
-def deposits(n: int, accounts: int = 5, amount: int = 10) -> list[tuple[str, str, dict[str, object]]]:
-    return [
-        (f"dep-{uuid.uuid4().hex}", "Deposit", {"account": f"acct-{i % accounts}", "amount": amount})
-        for i in range(n)
-    ]
-
-
-def effects(db: Conn) -> dict[str, int]:
-    return {
-        str(m): int(str(c))
-        for m, c in db.execute("SELECT message_id, count(*) FROM effects GROUP BY message_id").fetchall()
-    }
 
 
 def total(db: Conn) -> int:

@@ -15,8 +15,9 @@ import psycopg
 from postbox import consume_async, start_consumer
 from tests.apps import async_bank
 from tests.apps import bank as bank_service
-from tests.servers import Servers
-from tests.support import create_topic, produce, wait_until
+from tests.support.kafka import create_topic, produce
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

@@ -12,7 +12,7 @@ import pytest
 
 from postbox.inbox import example
 from postbox.inbox.testing import InboxTester
-from tests.servers import Servers
+from tests.support.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

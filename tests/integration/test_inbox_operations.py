@@ -11,8 +11,9 @@ from typing import Any
 import psycopg
 
 from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL
-from tests.servers import Servers
-from tests.support import WorkerProcess, inbox_cli, wait_until
+from tests.support.processes import WorkerProcess, inbox_cli
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -77,7 +78,8 @@ def test_failed_webhook_events_are_requeued_with_fresh_attempts_and_processed_ag
 def test_parked_kafka_messages_are_read_again_and_applied_by_a_later_release(
     servers: Servers, schema: str, bank: Conn
 ) -> None:
-    from tests.support import InboxProcess, create_topic, produce_with_headers  # noqa: PLC0415
+    from tests.support.kafka import create_topic, produce_with_headers  # noqa: PLC0415
+    from tests.support.processes import InboxProcess  # noqa: PLC0415
 
     db = bank
     topic = f"requeue-{uuid.uuid4().hex[:8]}"
@@ -134,7 +136,8 @@ def _terminate(db: Conn, application_name: str) -> int:
 def test_the_inbox_consumer_reconnects_after_its_session_is_terminated(
     servers: Servers, schema: str, bank: Conn
 ) -> None:
-    from tests.support import InboxProcess, create_topic, produce  # noqa: PLC0415
+    from tests.support.kafka import create_topic, produce  # noqa: PLC0415
+    from tests.support.processes import InboxProcess  # noqa: PLC0415
 
     db = bank
     topic = f"term-{uuid.uuid4().hex[:8]}"
@@ -189,7 +192,9 @@ def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart
 ) -> None:
     from postbox.relay.core.migrate import migrate  # noqa: PLC0415
     from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
-    from tests.support import InboxProcess, create_topic, execute_script, produce  # noqa: PLC0415
+    from tests.support.database import execute_script  # noqa: PLC0415
+    from tests.support.kafka import create_topic, produce  # noqa: PLC0415
+    from tests.support.processes import InboxProcess  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")
@@ -232,7 +237,7 @@ def test_the_scheduled_reconciler_carries_on_after_a_database_restart(own_postgr
     """`reconcile --every` runs on the daemon skeleton: a pass that finds the database gone is logged and
     retried after a backoff, the process stays up, and the passes after the restart store events again."""
     from postbox.relay.core.migrate import migrate  # noqa: PLC0415
-    from tests.support import ChildProcess  # noqa: PLC0415
+    from tests.support.processes import ChildProcess  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")

@@ -8,8 +8,8 @@ import sys
 
 import psycopg
 
-from tests.servers import Servers
-from tests.support import REPO
+from tests.support.repo import REPO
+from tests.support.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

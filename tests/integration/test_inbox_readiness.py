@@ -11,8 +11,11 @@ from typing import Any
 import psycopg
 
 from postbox.relay.core.migrate import migrate
-from tests.servers import Servers
-from tests.support import InboxProcess, create_topic, http_get, wait_until
+from tests.support.kafka import create_topic
+from tests.support.probes import http_get
+from tests.support.processes import InboxProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 APP = "tests.apps.bank:inbox"
 

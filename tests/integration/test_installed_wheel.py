@@ -17,8 +17,10 @@ import psycopg
 import pytest
 
 from postbox.relay.devstack.ports import free_port
-from tests.servers import Servers
-from tests.support import REPO, ChildProcess, create_topic
+from tests.support.kafka import create_topic
+from tests.support.processes import ChildProcess
+from tests.support.repo import REPO
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 

@@ -19,16 +19,13 @@ import pytest
 from postbox.relay.core.db import advisory_key, connect
 from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
 from postbox.relay.outbox.admin import SwitchRefused, log_progress, prune, requeue, switch_mode
-from tests.servers import Servers
-from tests.support import (
-    RelayProcess,
-    check_delivery,
-    followed_modes,
-    http_get,
-    outbox_states,
-    read_topic,
-    wait_until,
-)
+from tests.support.database import outbox_states
+from tests.support.delivery import check_delivery
+from tests.support.kafka import read_topic
+from tests.support.probes import http_get
+from tests.support.processes import RelayProcess, followed_modes
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 LOG = pytest.mark.parametrize("relay_mode", ["log"], indirect=True)
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -82,7 +79,8 @@ def test_rolled_back_rows_and_sequence_gaps_are_skipped_and_a_prepared_transacti
 ) -> None:
     aggregate_type = f"gaps{uuid.uuid4().hex[:6]}"
     # PostgreSQL refuses to PREPARE a transaction that sent a NOTIFY: writers that use two-phase commit
-    # turn the wake-up trigger off (as the README says) and the relay finds their rows by polling.
+    # turn the wake-up trigger off (as docs/explanation/log-mode.md says) and the relay finds their rows
+    # by polling.
     db.execute("ALTER TABLE outbox DISABLE TRIGGER outbox_notify")
     with psycopg.connect(servers.database_url) as app:
         enqueue_many(app, _events(aggregate_type, 5), schema=schema)
@@ -315,12 +313,12 @@ def _write_continuously(
 def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_order(
     servers: Servers, schema: str, relays: str
 ) -> None:
-    """The README's procedure, with writers running throughout: stop the relays, switch the outbox, start
-    them in the new mode (pinned: --mode set to it; auto: the same relays, which follow the outbox). Rows
-    pending from before the switch to log mode are claimed before the log is read; after the switch back,
-    the log is read to the switch before any pending row is claimed: a relay pinned to queue mode refuses
-    to start until it is; one in auto mode reads it in log mode, then goes on in queue mode. Per-aggregate
-    order holds throughout."""
+    """The documented procedure (docs/how-to/switch-to-log-mode.md), with writers running throughout: stop the
+    relays, switch the outbox, start them in the new mode (pinned: --mode set to it; auto: the same relays,
+    which follow the outbox). Rows pending from before the switch to log mode are claimed before the log is
+    read; after the switch back, the log is read to the switch before any pending row is claimed: a relay
+    pinned to queue mode refuses to start until it is; one in auto mode reads it in log mode, then goes on in
+    queue mode. Per-aggregate order holds throughout."""
     aggregate_type = f"switch{uuid.uuid4().hex[:6]}"
     written: dict[str, tuple[str, int]] = {}
     stop = threading.Event()

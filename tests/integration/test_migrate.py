@@ -14,8 +14,12 @@ from postbox.relay.core.migrate import Migration, MigrationError, load_migration
 from postbox.relay.outbox import enqueue
 from postbox.relay.outbox.admin import migrate_schema
 from postbox.relay.outbox.daemon import NOTIFY_CHANNEL
-from tests.servers import Servers
-from tests.support import REPO, RelayProcess, followed_modes, outbox_states, read_topic, wait_until
+from tests.support.database import outbox_states
+from tests.support.kafka import read_topic
+from tests.support.processes import RelayProcess, followed_modes
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 
 def test_migrate_twice_applies_once(servers: Servers) -> None:

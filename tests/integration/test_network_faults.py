@@ -15,9 +15,12 @@ import pytest
 from postbox.relay.core.migrate import migrate
 from postbox.relay.devstack.kafka import LocalKafka
 from tests.chaos.netns import NetNamespace
-from tests.integration.test_relay_faults import write_sequenced
-from tests.servers import Servers
-from tests.support import RelayProcess, check_delivery, outbox_states, read_topic, wait_until
+from tests.support.database import outbox_states
+from tests.support.delivery import check_delivery, write_sequenced
+from tests.support.kafka import read_topic
+from tests.support.processes import RelayProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -122,7 +125,9 @@ def test_a_network_cut_to_the_database_is_survived_by_the_inbox_consumer_and_the
     network is back, and goes on without a restart and without losing the work sent meanwhile."""
     from tests.apps.bank import SCHEMA_SQL as BANK_SQL  # noqa: PLC0415
     from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL  # noqa: PLC0415
-    from tests.support import InboxProcess, WorkerProcess, create_topic, execute_script, produce  # noqa: PLC0415
+    from tests.support.database import execute_script  # noqa: PLC0415
+    from tests.support.kafka import create_topic, produce  # noqa: PLC0415
+    from tests.support.processes import InboxProcess, WorkerProcess  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")

@@ -1,6 +1,6 @@
 """Ordinary operator mistakes, made for real: the `postbox` CLI run as a process against the test servers
 (and, for passwords, a PostgreSQL of the test's own that checks them), each answering with one line and
-its documented exit code (README "Exit codes"), never a traceback or a password; daemons stop on a
+its documented exit code (docs/reference/exit-codes.md), never a traceback or a password; daemons stop on a
 permanent misconfiguration and keep retrying a server that is down; librdkafka's lines reach the log as
 limited JSON events; `postbox config check --connect` finds what the settings alone cannot show.
 """
@@ -27,8 +27,10 @@ from postbox.relay.core.kafka_logs import message_shape
 from postbox.relay.core.migrate import load_migrations, migrate
 from postbox.relay.devstack.ports import free_port
 from postbox.relay.outbox import enqueue
-from tests.servers import Servers
-from tests.support import REPO, ChildProcess, wait_until
+from tests.support.processes import ChildProcess
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 EX_UNAVAILABLE, EX_NOPERM, EX_CONFIG = 69, 77, 78
 
@@ -471,14 +473,11 @@ def test_config_check_names_a_misspelled_variable(servers: Servers, migrated: st
 def test_the_readme_config_check_command_passes_on_a_good_configuration(
     servers: Servers, migrated: str
 ) -> None:
-    """The README's `postbox config check --connect`, exactly as written, on settings that are right."""
-    from tests.acceptance.test_readme_commands import README  # noqa: PLC0415
+    """The documented `postbox config check --connect` (docs/how-to/operate.md), exactly as written, on
+    settings that are right."""
+    from tests import docs  # noqa: PLC0415
 
-    (command,) = [  # the README shows it in a list item, indented
-        line.strip().split("  #", 1)[0].strip()
-        for line in README.splitlines()
-        if line.strip().startswith("postbox config check --connect")
-    ]
+    command = docs.command("postbox config check --connect", indented=True)
     env = check_env(
         servers,
         migrated,

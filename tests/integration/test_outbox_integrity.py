@@ -18,16 +18,13 @@ import pytest
 from postbox.relay.core.db import connect
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox import OutboxEvent, enqueue_many
-from tests.servers import Servers
-from tests.support import (
-    REPO,
-    RelayProcess,
-    check_delivery,
-    http_get,
-    metric_value,
-    read_topic,
-    wait_until,
-)
+from tests.support.delivery import check_delivery
+from tests.support.kafka import read_topic
+from tests.support.probes import http_get, metric_value
+from tests.support.processes import RelayProcess
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 Conn = psycopg.Connection[tuple[object, ...]]
 COLUMNS = "aggregate_type, aggregate_id, event_type, payload"
@@ -153,9 +150,9 @@ def _burn_transaction_ids(conn: Conn, count: int) -> None:
 def test_a_database_dumped_and_restored_into_a_fresh_cluster_loses_nothing(
     servers: Servers, schema: str, db: Conn, fresh_cluster: LocalPostgres
 ) -> None:
-    """The README's procedure: dump, restore into a cluster whose counter is far lower, and the relay
-    refuses the foreign log until `postbox relay rebase`; then every event arrives once, in order, those
-    written on the new cluster before and after the rebase included."""
+    """The documented procedure (docs/how-to/move-the-database.md): dump, restore into a cluster whose
+    counter is far lower, and the relay refuses the foreign log until `postbox relay rebase`; then every
+    event arrives once, in order, those written on the new cluster before and after the rebase included."""
     aggregate_type = f"moved{uuid.uuid4().hex[:6]}"
     topic = f"outbox.event.{aggregate_type}"
     written: dict[str, tuple[str, int]] = {}

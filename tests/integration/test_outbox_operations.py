@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from postbox.relay.outbox import OutboxEvent, PayloadError, enqueue, enqueue_many
 from postbox.relay.outbox.admin import prune, requeue, status
-from tests.servers import Servers
+from tests.support.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

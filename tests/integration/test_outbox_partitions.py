@@ -14,8 +14,10 @@ import pytest
 from postbox.relay.core.db import connect
 from postbox.relay.outbox import OutboxEvent, enqueue_many
 from postbox.relay.outbox.admin import PartitionUpkeep, maintain_partitions
-from tests.servers import Servers
-from tests.support import RelayProcess, check_delivery, read_topic
+from tests.support.delivery import check_delivery
+from tests.support.kafka import read_topic
+from tests.support.processes import RelayProcess
+from tests.support.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]
 WIDTH = 16  # txids per partition: each writer's transactions fill one in a moment

@@ -14,9 +14,11 @@ import psycopg
 import pytest
 
 from postbox.relay.devstack.ports import free_port
-from tests.integration.test_webhooks import stripe_body, stripe_headers
-from tests.servers import Servers
-from tests.support import ReceiverProcess, http_get, metric_value, wait_until
+from tests.support.probes import http_get, metric_value
+from tests.support.processes import ReceiverProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
+from tests.support.webhooks import stripe_body, stripe_headers
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

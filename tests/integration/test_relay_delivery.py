@@ -9,8 +9,11 @@ from collections import Counter
 import psycopg
 
 from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
-from tests.servers import Servers
-from tests.support import RelayProcess, http_get, metric_value, read_topic, wait_until
+from tests.support.kafka import read_topic
+from tests.support.probes import http_get, metric_value
+from tests.support.processes import RelayProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 
 def pending_count(db: psycopg.Connection[tuple[object, ...]]) -> int:

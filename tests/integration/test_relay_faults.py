@@ -1,7 +1,7 @@
 """The relay's promises under real faults: killed relays, a stopped broker, competing replicas, bad rows.
 
 Every test uses real processes (`postbox relay run` children, real brokers and databases) and judges the
-result with tests.support.check_delivery, which trusts only what the broker holds.
+result with tests.support.delivery.check_delivery, which trusts only what the broker holds.
 """
 
 from __future__ import annotations
@@ -16,51 +16,16 @@ import psycopg
 import pytest
 
 from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
-from tests.servers import Servers
-from tests.support import (
-    RelayProcess,
-    check_delivery,
-    http_get,
-    outbox_states,
-    prepare_outbox,
-    read_topic,
-    wait_until,
-)
+from tests.support.database import outbox_states, prepare_outbox
+from tests.support.delivery import check_delivery, write_sequenced
+from tests.support.kafka import read_topic
+from tests.support.probes import http_get
+from tests.support.processes import RelayProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 # The faults that matter to how rows are read and progress is recorded run in both relay modes.
 BOTH_MODES = pytest.mark.parametrize("relay_mode", ["queue", "log"], indirect=True)
-
-
-def write_sequenced(
-    database_url: str,
-    schema: str,
-    aggregate_type: str,
-    aggregates: list[str],
-    events_per_aggregate: int,
-    written: dict[str, tuple[str, int]],
-    seed: int,
-    pause: float = 0.004,
-) -> None:
-    """Commit events for `aggregates` in a random interleaving, 1-3 per transaction, seq per aggregate."""
-    rng = random.Random(seed)
-    next_seq = dict.fromkeys(aggregates, 0)
-    with psycopg.connect(database_url) as conn:
-        while next_seq:
-            batch = []
-            for _ in range(rng.randint(1, 3)):
-                if not next_seq:
-                    break
-                aggregate = rng.choice(sorted(next_seq))
-                seq = next_seq[aggregate]
-                batch.append(OutboxEvent(aggregate_type, aggregate, "Changed", {"seq": seq}))
-                next_seq[aggregate] += 1
-                if next_seq[aggregate] == events_per_aggregate:
-                    del next_seq[aggregate]
-            ids = enqueue_many(conn, batch, schema=schema)
-            conn.commit()
-            for event_id, event in zip(ids, batch, strict=True):
-                written[str(event_id)] = (event.aggregate_id, event.payload["seq"])
-            time.sleep(rng.random() * pause)
 
 
 @BOTH_MODES

@@ -12,7 +12,7 @@ import pytest
 from postbox.relay.core.db import connect
 from postbox.relay.core.sql import query
 from postbox.relay.outbox.daemon import QUERIES
-from tests.servers import Servers
+from tests.support.servers import Servers
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 CLAIM_BYTES = {"max_message_bytes": 1_000_000, "max_batch_bytes": 16 << 20}

@@ -7,8 +7,8 @@ import uuid
 import psycopg
 from confluent_kafka import Producer
 
-from tests.servers import Servers
-from tests.support import read_topic
+from tests.support.kafka import read_topic
+from tests.support.servers import Servers
 
 
 def test_one_message_round_trips_through_the_real_broker(servers: Servers) -> None:

@@ -1,5 +1,6 @@
 """The short soak CI runs: every fault kind within a minute, judged by the independent checker. The long
-run (30 minutes, README) is the same code: python -m tests.chaos.soak --duration 1800."""
+run (30 minutes, docs/explanation/proven-under-faults.md) is the same code:
+python -m tests.chaos.soak --duration 1800."""
 
 from __future__ import annotations
 

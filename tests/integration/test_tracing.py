@@ -16,21 +16,14 @@ import pytest
 
 from tests.apps.hooks import SCHEMA_SQL as HOOKS_SQL
 from tests.apps.traced import SCHEMA_SQL as TRACED_SQL
-from tests.integration.test_webhooks import stripe_body, stripe_headers, wait_settled
 from tests.otlp import OtlpReceiver, ReceivedSpan
-from tests.servers import Servers
-from tests.support import (
-    REPO,
-    InboxProcess,
-    ReceiverProcess,
-    RelayProcess,
-    WorkerProcess,
-    create_topic,
-    execute_script,
-    produce_with_headers,
-    read_topic,
-    wait_until,
-)
+from tests.support.database import execute_script
+from tests.support.kafka import create_topic, produce_with_headers, read_topic
+from tests.support.processes import InboxProcess, ReceiverProcess, RelayProcess, WorkerProcess
+from tests.support.repo import REPO
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
+from tests.support.webhooks import stripe_body, stripe_headers, wait_settled
 from tests.waterfall import render, tree
 
 pytestmark = pytest.mark.integration
@@ -182,7 +175,7 @@ def test_one_trace_runs_from_the_writer_through_the_relay_to_the_handler_and_a_d
     }
     # Applied once: one handler span, one effect row.
     assert db.execute("SELECT count(*) FROM traced_effects WHERE order_id = %s", (order,)).fetchone() == (1,)
-    # The README's picture of a trace: each span under its parent, in order.
+    # The picture of a trace in docs/how-to/tracing.md: each span under its parent, in order.
     drawn = [(depth, span.name, [name for name, _ in span.events]) for depth, span in tree(in_trace)]
     assert drawn == [
         (0, "place order", []),

@@ -22,11 +22,14 @@ from postbox.inbox.webhooks.providers import IncomingEvent
 from postbox.inbox.webhooks.store import INSERT_EVENTS, insert_params, store_events
 from postbox.relay.core.db import connect
 from postbox.relay.core.sql import query
+from tests.apps.bank import APP
 from tests.apps.hooks import SCHEMA_SQL as HOOKS_SCHEMA_SQL
-from tests.integration.test_inbox_consumer import APP, deposits, effects
-from tests.integration.test_webhooks import applied, stripe_body, stripe_headers, wait_settled
-from tests.servers import Servers
-from tests.support import InboxProcess, ReceiverProcess, WorkerProcess, create_topic, produce, wait_until
+from tests.support.bank import deposits, effects
+from tests.support.kafka import create_topic, produce
+from tests.support.processes import InboxProcess, ReceiverProcess, WorkerProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
+from tests.support.webhooks import applied, stripe_body, stripe_headers, wait_settled
 
 Conn = psycopg.Connection[tuple[object, ...]]
 CLAIM_MESSAGES = query(INBOX_QUERIES, "claim_messages")

@@ -22,47 +22,21 @@ from postbox.inbox.webhooks.reconcile import StripeReconciler, reconcile
 from postbox.relay.core.migrate import migrate
 from postbox.relay.devstack.ports import free_port
 from tests.apps.hooks import SCHEMA_SQL
-from tests.servers import Servers
-from tests.support import (
+from tests.support.probes import http_get, metric_value
+from tests.support.processes import ReceiverProcess, WorkerProcess
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
+from tests.support.webhooks import (
     MARQETA_AUTH,
     MARQETA_SECRET,
     SHOPIFY_SECRET,
-    STRIPE_SECRET,
-    ReceiverProcess,
-    WorkerProcess,
-    http_get,
-    metric_value,
-    wait_until,
+    applied,
+    stripe_body,
+    stripe_headers,
+    wait_settled,
 )
 
 Conn = psycopg.Connection[tuple[object, ...]]
-
-
-def stripe_body(event_type: str = "invoice.paid", event_id: str | None = None, amount: int = 500) -> bytes:
-    return json.dumps(
-        {
-            "id": event_id or f"evt_{uuid.uuid4().hex}",
-            "object": "event",
-            "type": event_type,
-            "data": {"object": {"id": f"in_{uuid.uuid4().hex[:10]}", "amount_paid": amount}},
-        }
-    ).encode()
-
-
-def stripe_headers(body: bytes, timestamp: int | None = None) -> dict[str, str]:
-    return {"Stripe-Signature": stripe_signature_header(STRIPE_SECRET, body, timestamp or int(time.time()))}
-
-
-def wait_settled(db: Conn, events: int) -> None:
-    """Until `events` webhook events are done or parked (failed)."""
-    wait_until(
-        lambda: (
-            db.execute("SELECT count(*) FROM webhook_inbox WHERE status IN ('done', 'failed')").fetchone()
-            == (events,)
-        ),
-        30,
-        what=f"{events} events settled",
-    )
 
 
 def rows(db: Conn) -> list[tuple[object, ...]]:
@@ -201,7 +175,7 @@ def test_bad_requests_are_refused_with_a_clear_status_and_nothing_written(
 def test_the_database_down_answers_503_and_the_retry_lands(own_postgres: Any) -> None:
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")
-    from tests.support import free_port, http_get  # noqa: PLC0415
+    from tests.support.probes import http_get  # noqa: PLC0415
 
     metrics_port = free_port()
     with ReceiverProcess(
@@ -232,7 +206,7 @@ def test_the_database_down_answers_503_and_the_retry_lands(own_postgres: Any) ->
 
 
 def test_the_worker_is_unready_while_its_database_is_gone_and_ready_once_back(own_postgres: Any) -> None:
-    from tests.support import http_get  # noqa: PLC0415
+    from tests.support.probes import http_get  # noqa: PLC0415
 
     with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
         migrate(conn, "postbox")
@@ -244,10 +218,6 @@ def test_the_worker_is_unready_while_its_database_is_gone_and_ready_once_back(ow
         own_postgres.start_again()
         wait_until(lambda: http_get(worker.metrics_port, "/readyz")[0] == 200, 60, what="ready again")
         assert worker.terminate() == 0
-
-
-def applied(db: Conn) -> list[tuple[object, ...]]:
-    return db.execute("SELECT event_id, count(*) FROM applied GROUP BY event_id ORDER BY event_id").fetchall()
 
 
 def test_a_worker_killed_mid_event_leaves_it_to_be_picked_up_again_and_applied_once(

@@ -17,8 +17,8 @@ from psycopg.types.json import Jsonb
 
 from postbox import OutboxEvent, PayloadError, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from postbox.relay.core.db import connect
-from tests.servers import Servers
-from tests.support import prepare_outbox
+from tests.support.database import prepare_outbox
+from tests.support.servers import Servers
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

@@ -5,10 +5,10 @@ import pytest
 
 from postbox.inbox.settings import ConsumeSettings, WorkSettings
 from postbox.relay import __version__
-from postbox.relay.cli import build_parser, main, services
+from postbox.relay.cli import build_parser, commands_reference, main, services
 from postbox.relay.core.settings import Settings, SettingsError, duration, load, reference_table
 from postbox.relay.outbox.settings import RelaySettings
-from tests.support import REPO
+from tests.support.repo import REPO
 
 DB = {"POSTBOX_DATABASE_URL": "postgresql://db/x", "POSTBOX_KAFKA_BOOTSTRAP": "k:9092"}
 
@@ -160,17 +160,31 @@ def test_an_absurd_duration_is_a_clear_error(text: str) -> None:
         duration(text)
 
 
-def test_the_readme_tables_are_the_declarations() -> None:
-    """Each service's table in the README is exactly what `postbox config reference` prints: the tables
-    cannot drift from the settings."""
-    readme = (REPO / "README.md").read_text()
+def test_the_settings_reference_tables_are_the_declarations() -> None:
+    """Each service's table in docs/reference/settings.md is exactly what `postbox config reference` prints:
+    the tables cannot drift from the settings."""
+    from tests.docs import DOCS, generated_block  # noqa: PLC0415
+
     for service, cls in services().items():
-        begin, end = f"<!-- settings:{service} -->\n", "\n<!-- /settings -->"
-        assert begin in readme, f"README has no table for {service}"
-        table = readme.split(begin, 1)[1].split(end, 1)[0]
+        table = generated_block(DOCS / "reference" / "settings.md", f"settings:{service}")
         assert table == reference_table(cls), (
-            f"README's {service} table is stale: see postbox config reference"
+            f"docs/reference/settings.md's {service} table is stale: run `python -m tests.docs`"
         )
+
+
+def test_the_command_reference_is_the_parser() -> None:
+    """docs/reference/cli.md is what `postbox config reference --commands` prints, and that is every command
+    the parser has, with every option."""
+    from tests.docs import DOCS, generated_block  # noqa: PLC0415
+
+    reference = commands_reference()
+    assert generated_block(DOCS / "reference" / "cli.md", "commands") == reference, (
+        "docs/reference/cli.md is stale: run `python -m tests.docs`"
+    )
+    for path in ("postbox relay run", "postbox inbox consume", "postbox config reference", "postbox dev up"):
+        assert f"\n## {path}\n" in reference
+    for option in ("`--kafka-bootstrap KAFKA_BOOTSTRAP`", "`--commands`", "`--older-than OLDER_THAN`"):
+        assert option in reference, option
 
 
 def test_dev_env_answers_for_the_stack_it_is_asked_about(tmp_path: object) -> None:
@@ -180,7 +194,7 @@ def test_dev_env_answers_for_the_stack_it_is_asked_about(tmp_path: object) -> No
     import sys  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from tests.support import REPO  # noqa: PLC0415
+    from tests.support.repo import REPO  # noqa: PLC0415
 
     cache = Path(str(tmp_path))
     for name, port in (("default", 5001), ("demo", 5002)):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support import REPO
+from tests.support.repo import REPO
 
 TARGETS = [
     "stripe",

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from postbox.relay.core.redact import MASK, redact, redact_url
-from tests.support import REPO
+from tests.support.repo import REPO
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from postbox.relay.outbox.outcome import DELIVERED, Delivery, Disposition, RowSt
 from postbox.relay.outbox.publisher import Ack
 from postbox.relay.outbox.routing import OutboxRow, to_message
 from postbox.relay.outbox.tracing import PublishSpans
-from tests.support import REPO
+from tests.support.repo import REPO
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
 

@@ -1,4 +1,7 @@
-"""Helpers for tests that run real postbox processes against real servers."""
+"""postbox as real child processes (so SIGKILL, SIGSTOP and SIGTERM are the real thing): ChildProcess,
+and the relay, inbox consumer, webhook worker and webhook receiver on top of it (RelayProcess,
+InboxProcess, WorkerProcess, ReceiverProcess); followed_modes reads a relay's log, and inbox_cli runs
+`postbox inbox ...` once, as a user would."""
 
 from __future__ import annotations
 
@@ -7,75 +10,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
-
 from postbox.relay.devstack.ports import free_port
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-
-
-@dataclass
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, bytes]
-
-
-def read_topic(
-    bootstrap: str, topic: str, expected: int, timeout: float = 60.0, settle: float = 1.0
-) -> list[Record]:
-    """Every message of `topic` from the beginning: waits for `expected`, then `settle` seconds for extras."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout, what=f"topic {topic}")
-    partitions = admin.list_topics(topic, timeout=5).topics[topic].partitions
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    records: list[Record] = []
-    deadline = time.monotonic() + timeout
-    settle_until: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            if settle_until is None and len(records) >= expected:
-                settle_until = time.monotonic() + settle
-            if settle_until is not None and time.monotonic() >= settle_until:
-                break
-            for m in consumer.consume(500, timeout=0.2):
-                if m.error():
-                    continue
-                records.append(
-                    Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), dict(m.headers() or []))
-                )
-    finally:
-        consumer.close()
-    return records
-
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.repo import REPO
+from tests.support.waiting import wait_until
+from tests.support.webhooks import MARQETA_AUTH, MARQETA_SECRET, SHOPIFY_SECRET, STRIPE_SECRET
 
 
 class ChildProcess:
@@ -181,62 +123,12 @@ class RelayProcess(ChildProcess):
         )
 
 
-def prepare_outbox(database_url: str, schema: str, mode: str = "queue") -> None:
-    """Migrate `schema` and, for mode "log", switch its outbox to log mode."""
-    import psycopg  # noqa: PLC0415
-
-    from postbox.relay.core.db import connect  # noqa: PLC0415
-    from postbox.relay.core.migrate import migrate  # noqa: PLC0415
-    from postbox.relay.outbox.admin import switch_mode  # noqa: PLC0415
-
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        migrate(conn, schema)
-    if mode == "log":
-        with connect(database_url, schema) as conn:
-            switch_mode(conn, schema, "log")
-
-
 def followed_modes(relay: RelayProcess) -> list[str]:
     """The modes a relay started with --mode auto ran in, in order (its relay_mode_followed events)."""
     import json  # noqa: PLC0415
 
     lines = relay.log().splitlines()
     return [str(json.loads(line)["mode"]) for line in lines if "relay_mode_followed" in line]
-
-
-def outbox_states(database_url: str, schema: str) -> dict[str, int]:
-    """Rows per state, in either mode: a logged row (log mode) counts as published once its shard's cursor
-    has passed it (visible in the snapshot of the cursor's tick, or at or below last_id in the window the
-    cursor is reading), as pending before."""
-    import psycopg  # noqa: PLC0415
-
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        rows = conn.execute(
-            f"""
-            SELECT CASE WHEN o.state <> 'logged' THEN o.state
-                        WHEN pg_visible_in_snapshot(o.txid, t.snapshot) THEN 'published'
-                        WHEN o.id <= c.last_id AND pg_visible_in_snapshot(o.txid, w.snapshot) THEN 'published'
-                        ELSE 'pending' END,
-                   count(*)
-            FROM "{schema}".outbox AS o
-            LEFT JOIN "{schema}".outbox_cursor AS c ON c.shard = o.shard
-            LEFT JOIN "{schema}".outbox_tick AS t ON t.tick = c.tick
-            LEFT JOIN "{schema}".outbox_tick AS w ON w.tick = c.window_to
-            GROUP BY 1"""
-        ).fetchall()
-    return {str(state): int(count) for state, count in rows}
-
-
-def check_delivery(records: list[Record], written: dict[str, tuple[str, int]]) -> dict[str, int]:
-    """Assert the checker finds nothing broken: every committed event arrived, duplicates are identical
-    copies, per-aggregate order holds. Returns counts for the report."""
-    from tests.chaos.checker import check  # noqa: PLC0415
-
-    report = check(written, records)
-    assert report.ok, "\n".join(
-        [*report.lines(), f"lost e.g. {report.lost[:3]}", f"inversions e.g. {report.inversions[:5]}"]
-    )
-    return {"events": report.written, "duplicates": report.duplicates}
 
 
 class InboxProcess(ChildProcess):
@@ -306,48 +198,6 @@ class WorkerProcess(ChildProcess):
             ],
             env,
         )
-
-
-def produce(
-    bootstrap: str, topic: str, messages: list[tuple[str, str, dict[str, object]]], key: str | None = None
-) -> None:
-    """(message id, event type, payload) triples, as the relay would send them (plus an eventType header)."""
-    import json  # noqa: PLC0415
-
-    from confluent_kafka import Producer  # noqa: PLC0415
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-        }
-    )
-    errors: list[object] = []
-    for message_id, event_type, payload in messages:
-        producer.produce(
-            topic,
-            json.dumps(payload).encode(),
-            (key or str(payload.get("account", "k"))).encode(),
-            headers=[("id", message_id.encode()), ("eventType", event_type.encode())],
-            on_delivery=lambda err, _m: errors.append(err) if err else None,
-        )
-    assert producer.flush(30) == 0
-    assert not errors, errors
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1) -> None:
-    from confluent_kafka.admin import NewTopic  # noqa: PLC0415
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the future resolves
-    admin.create_topics([NewTopic(topic, partitions, replication)])[topic].result(30)
-
-
-STRIPE_SECRET = "whsec_postbox_tests"
-SHOPIFY_SECRET = "shpss_postbox_tests"
-MARQETA_AUTH = ("marqeta-user", "marqeta-password")
-MARQETA_SECRET = "marqeta-signing-secret"
 
 
 class ReceiverProcess(ChildProcess):
@@ -429,53 +279,6 @@ class ReceiverProcess(ChildProcess):
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read() or b"{}")
-
-
-def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
-    """(status, body) of GET http://127.0.0.1:port/path; a non-2xx answer is returned, not raised, and
-    status 0 means nothing answered."""
-    import urllib.error  # noqa: PLC0415
-    import urllib.request  # noqa: PLC0415
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except OSError as error:  # not listening (yet), reset, timed out
-        return 0, str(error)
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus exposition text (0 when absent)."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        sample, _, value = line.rpartition(" ")
-        metric, _, label_text = sample.partition("{")
-        found = ",".join(sorted(label_text.rstrip("}").split(","))) if label_text else ""
-        if metric == name and found == wanted:
-            return float(value)
-    return 0.0
-
-
-def execute_script(conn: Any, script: str) -> None:
-    """Run each `;`-separated statement of `script` (the test apps' SCHEMA_SQL) on `conn`."""
-    for statement in filter(str.strip, script.split(";")):
-        conn.execute(statement)
-
-
-def produce_with_headers(
-    bootstrap: str, topic: str, value: bytes, key: bytes, headers: list[list[tuple[str, bytes]]]
-) -> None:
-    """One record per entry of `headers`, each with exactly those headers (hostile ones too), in order."""
-    from confluent_kafka import Producer  # noqa: PLC0415
-
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for record_headers in headers:
-        producer.produce(topic, value, key, headers=record_headers)
-    assert producer.flush(30) == 0
 
 
 def inbox_cli(
