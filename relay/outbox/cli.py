@@ -68,9 +68,10 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
     from postbox.relay.core.db import connect  # noqa: PLC0415
     from postbox.relay.core.ops_http import serving  # noqa: PLC0415
     from postbox.relay.core.tracing import start_daemon_tracing  # noqa: PLC0415
-    from postbox.relay.outbox.daemon import FatalRelayError, Relay, RelayConfigurationError  # noqa: PLC0415
+    from postbox.relay.outbox.daemon import FatalRelayError, Relay  # noqa: PLC0415
     from postbox.relay.outbox.metrics import RelayMetrics, record_librdkafka_statistics  # noqa: PLC0415
     from postbox.relay.outbox.publisher import KafkaPublisher  # noqa: PLC0415
+    from postbox.relay.outbox.sources.base import RelayConfigurationError  # noqa: PLC0415
 
     log = structlog.get_logger("postbox.relay")
     # A relay paused (or cut off) mid-batch must not hold its row and shard locks forever: the server ends

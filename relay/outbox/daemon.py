@@ -10,25 +10,27 @@ What a crash at each step leaves behind:
   pending and their locks die with the connection, so the next owner publishes them again (a duplicate with
   the same event id, never a loss);
 - the mark is one statement in the transaction that holds the row locks, fenced on the shard lease.
+
+This module is the loop: connections, the lease turn, lanes, and a batch's begin and finish. It knows no
+mode: where a batch's rows come from, and how their outcomes are written back, is its BatchSource's
+(sources/: the queue or the log; following the outbox's mode swaps the source). Beside it: batch.py
+prepares a page into messages, batch_report.py reports a finished batch, topic_gate.py keeps the topics
+held back, relay_id.py the one-live-replica-per-id lock, leases.py the shard leases, housekeeping.py
+the gauges and upkeep on a thread of their own.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from datetime import timedelta
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
-import tenacity
 from psycopg.types.string import TextLoader
 
 from postbox.relay.core.backoff import backoff_delay
@@ -37,131 +39,38 @@ from postbox.relay.core.db import advisory_key, describe_error, transient_databa
 from postbox.relay.core.sql import query
 from postbox.relay.core.tracing import TRACING_OFF, Tracing
 from postbox.relay.outbox import admin
+from postbox.relay.outbox.batch import InFlight, Preparer
+from postbox.relay.outbox.batch_report import report_batch
 from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.held import HeldAggregates
 from postbox.relay.outbox.housekeeping import CENSUS_SECONDS, Housekeeping, Steps
 from postbox.relay.outbox.lane_turns import LaneTurns
 from postbox.relay.outbox.leases import LeaseKeeper
-from postbox.relay.outbox.log_reader import (
-    LogPage,
-    LogReader,
-    log_started,
-    outbox_in_log_mode,
-    shards_behind_switch,
-)
 from postbox.relay.outbox.metrics import RelayMetrics
-from postbox.relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
-from postbox.relay.outbox.publisher import Publisher, Sending
-from postbox.relay.outbox.routing import (
-    Message,
-    OutboxRow,
-    RoutingError,
-    TopicRoutes,
-    load_headers,
-    raised_in,
-    to_message,
-    unpreparable_reason,
-)
-from postbox.relay.outbox.settings import RelaySettings, mode_to_follow
+from postbox.relay.outbox.outcome import Delivery, decide
+from postbox.relay.outbox.publisher import Publisher
+from postbox.relay.outbox.relay_id import RelayIdInUse, lock_relay_id
+from postbox.relay.outbox.routing import TopicRoutes
+from postbox.relay.outbox.settings import RelaySettings
 from postbox.relay.outbox.shares import split_lanes
+from postbox.relay.outbox.sources.base import BatchSource, ReadLimits, RelayConfigurationError
+from postbox.relay.outbox.sources.choice import make_source, mode_to_read
+from postbox.relay.outbox.sources.queue import Claimer
+from postbox.relay.outbox.topic_gate import TopicGate
 
 if TYPE_CHECKING:
     from postbox.relay.outbox.tracing import PublishSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
-# The topic label of a row whose topic is no legal name: a writer's arbitrary text is no metric label.
-UNROUTABLE = "(unroutable)"
 log = structlog.get_logger("postbox.relay")
-_ID, _AGGREGATE_ID, _SHARD = attrgetter("id"), attrgetter("aggregate_id"), attrgetter("shard")
-HELD_IN_SHARD = Delivery(Disposition.RETRY, "held back behind an earlier row of its shard (log mode)")
+_ID, _AGGREGATE_ID = attrgetter("id"), attrgetter("aggregate_id")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 
 class FatalRelayError(RuntimeError):
     """The relay cannot go on (fatal producer error); delivered rows were marked, nothing else."""
-
-
-class RelayIdInUse(RuntimeError):
-    """Another live replica is connected with this relay id; this one waits until it is gone."""
-
-
-class RelayConfigurationError(RuntimeError):
-    """A setting the database cannot honour, found once connected and before anything is claimed."""
-
-
-@dataclass
-class TopicGate:
-    """Topics known to be usable, and those held back by a configuration error with their row filter.
-
-    Lanes read and change it from their threads, and /readyz reads it from the ops server's: every change
-    and every walk over it holds the lock."""
-
-    good: set[str] = field(default_factory=set)
-    blocked: dict[str, str] = field(default_factory=dict)  # topic -> reason
-    blocked_types: dict[str, set[str]] = field(default_factory=dict)  # topic -> aggregate types routed there
-    next_recheck: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def block(self, topic: str, reason: str, aggregate_type: str | None) -> None:
-        with self._lock:
-            if topic not in self.blocked:
-                log.error("relay_topic_blocked", topic=topic, reason=reason)
-            self.good.discard(topic)
-            self.blocked[topic] = reason
-            if aggregate_type is not None:
-                self.blocked_types.setdefault(topic, set()).add(aggregate_type)
-
-    def unblock(self, topic: str) -> None:
-        with self._lock:
-            self.blocked.pop(topic, None)
-            self.blocked_types.pop(topic, None)
-
-    def known(self, topic: str) -> tuple[bool, Delivery | None]:
-        """(whether the topic is known, and then None when it is good, else why it is blocked)."""
-        with self._lock:
-            if topic in self.good:
-                return True, None
-            reason = self.blocked.get(topic)
-        return (False, None) if reason is None else (True, Delivery(Disposition.TOPIC_BLOCKED, reason))
-
-    def mark_good(self, topic: str) -> None:
-        with self._lock:
-            if len(self.good) >= 4096:  # writers choose topics: a bounded memory, checked again when cleared
-                self.good.clear()
-            self.good.add(topic)
-
-    def reasons(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self.blocked)
-
-    def claim_filter(self) -> dict[str, list[str]]:
-        with self._lock:
-            types = sorted({t for types in self.blocked_types.values() for t in types})
-            return {"blocked_topics": sorted(self.blocked), "blocked_types": types}
-
-
-@dataclass
-class InFlight:
-    """A claimed batch whose messages are with the producer; its transaction stays open until the mark."""
-
-    conn: Connection
-    lane: list[int]
-    rows: list[OutboxRow]
-    topics: list[str]
-    deliveries: list[Delivery | None]  # known before sending: blocked topics, rows that cannot be routed
-    sent: list[int]  # indexes into rows of the messages handed to the producer
-    sending: Sending | None
-    started: float
-    claimed: int  # rows the claim took: len(rows), or more when the byte budget cut the batch short
-    # Wall-clock times (time.time()) of its stages, for the stage metrics and the latency breakdown:
-    # the wake-up it began after (a NOTIFY, a poll, or the previous batch), and the end of its claim.
-    woke_at: float = 0.0
-    claimed_at: float = 0.0
-    claim_seconds: float = 0.0
-    spans: list[Any] | None = None  # one publish span per message sent, when tracing is on
-    log_page: LogPage | None = None  # log mode: the window page these rows came from (else a claim)
 
 
 class Relay:
@@ -174,7 +83,6 @@ class Relay:
         tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.settings = settings
-        self._requested = settings  # as given: --mode auto is resolved into self.settings (_follow)
         self.publisher = publisher
         self.metrics = metrics
         self._connect = connect  # connect(autocommit) -> a connection with search_path set
@@ -183,11 +91,16 @@ class Relay:
             "relay", stall_limit=max(60.0, 2 * settings.delivery_timeout + 30), backoff=self._backoff
         )
         self._topics = TopicGate()
-        self._held = HeldAggregates()  # log mode: aggregates waiting for a blocked topic
+        self._held = HeldAggregates()  # aggregates waiting for a blocked topic (pages read past)
         self._held_shards: frozenset[int] | None = None  # the shards owned when it was last loaded
         self._next_held_reload = 0.0
-        self._routes = TopicRoutes(settings.topic_template)
-        self._lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
+        self._claimer = Claimer(
+            settings.relay_id,
+            advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF,
+            settings.delete_on_publish,
+        )
+        # Chosen at each connect and lease tick (_check_mode): --mode, or with auto the outbox's mode.
+        self._source: BatchSource | None = None
         self._housekeeping: Housekeeping | None = None  # gauges, census, partitions, pruning: own thread
         self.connected = False
         self._batch_conns: list[Connection] = []  # one per lane
@@ -198,21 +111,24 @@ class Relay:
         self._woke_at = 0.0  # wall clock: when the last wait ended (a NOTIFY, the poll interval, a stop)
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
-        self._spans: PublishSpans | None = None
-        # The lease connection serves every lane: renewing while a batch waits, and log mode's ticks (a
-        # transaction of two statements, which another lane's statement must not join).
+        spans: PublishSpans | None = None
+        # The lease connection serves every lane: renewing while a batch waits, and the log source's
+        # ticks (a transaction of two statements, which another lane's statement must not join).
         self._lease_lock = threading.Lock()
         self._lane_pool: ThreadPoolExecutor | None = None  # with more than one lane: a thread per lane
         self._lane_failed = threading.Event()  # a lane raised: the others finish their batch and stop
-        self._log = (
-            LogReader(settings.schema, settings.relay_id, settings.tick_interval, self._lease_lock)
-            if settings.mode == "log"
-            else None
-        )
         if tracing.tracer is not None:  # imported only then: OpenTelemetry is an optional dependency
             from postbox.relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
-            self._spans = PublishSpans(tracing.tracer, tracing.follows_parent)
+            spans = PublishSpans(tracing.tracer, tracing.follows_parent)
+        self._spans = spans
+        self._preparer = Preparer(
+            TopicRoutes(settings.topic_template),
+            settings.event_type_header,
+            self._held,
+            self._check_topic,
+            spans,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -230,8 +146,8 @@ class Relay:
             relay_id=self.settings.relay_id,
             schema=self.settings.schema,
             mode=self.settings.mode,
-            # With --mode auto and no --batch-size: logged by relay_mode_followed once the mode is known.
-            batch_size=None if self.settings.mode == "auto" else self.settings.rows_per_batch,
+            # None without --batch-size: relay_mode_followed logs the source's once the mode is known.
+            batch_size=self.settings.batch_size,
         )
         try:
             self.daemon.run(self._loop_turn, lost=self._lost, on_lost=self._on_lost)
@@ -249,7 +165,7 @@ class Relay:
             raise FatalRelayError(self.publisher.fatal_error)
         if not full:
             # Inside the turn: the LISTEN session can be cut while we wait, like any other.
-            again = self._log.look_again_in() if self._log is not None else None
+            again = self._source.look_again_in() if self._source is not None else None
             self._wait(
                 self.settings.poll_interval if again is None else min(again, self.settings.poll_interval)
             )
@@ -285,7 +201,7 @@ class Relay:
             conn.commit()
             _headers_as_text(conn)
         self._lease_conn = self._connect(True)
-        self._lock_relay_id(self._lease_conn)
+        lock_relay_id(self._lease_conn, self.settings.schema, self.settings.relay_id, self.settings.lease_ttl)
         self._waiting_for_id = None
         self._check_mode(self._lease_conn)
         if self.settings.delete_on_publish:
@@ -314,97 +230,43 @@ class Relay:
             partition_xids=self.settings.partition_xids,
             prune_retention=self.settings.prune_retention,
             prune_interval=self.settings.prune_interval,
-            log_mode=lambda: self._log is not None,
+            source_upkeep=self._source_upkeep,
         )
+        self._housekeeping.keep_partitions(self._lease_conn)  # then every round, on its own thread
         self._housekeeping.start()
         self.connected = True
         log.info("relay_connected")
 
     def _check_mode(self, conn: Connection) -> None:
-        """At every connect and lease tick (no batch open). --mode auto: follow the outbox's mode, which
-        after a switch back to queue mode is log mode until every shard's log is read to the switch. A
-        pinned mode: refuse one that would leave rows unread (a queue relay on a log-mode outbox never
-        reads the log; a log relay on an outbox never switched has no cursors). A switch waits only for
-        open batches, so an idle relay, or one cut off from the database, finds it here."""
-        foreign = admin.foreign_log(conn)
-        if foreign is not None:
-            raise RelayConfigurationError(foreign)
-        in_log_mode = outbox_in_log_mode(conn)
-        started = log_started(conn)
-        behind = shards_behind_switch(conn) if started else 0
-        if self._requested.mode == "auto":
-            read_to_switch = started and not in_log_mode and self._log is not None
-            self._follow(
-                mode_to_follow(in_log_mode, behind),
-                "the log is read to the switch back" if read_to_switch else "the outbox's mode",
-            )
-        if in_log_mode and self._log is None:
-            raise RelayConfigurationError(
-                "the outbox is in log mode: run the relay with --mode log or auto (POSTBOX_RELAY_MODE), or "
-                "switch the outbox back first (postbox relay switch-mode queue)"
-            )
-        if self._log is not None and not in_log_mode and not started:
-            raise RelayConfigurationError(
-                "--mode log: the outbox is in queue mode; switch it first (postbox relay switch-mode log)"
-            )
-        if self._log is None and behind:
-            raise RelayConfigurationError(
-                f"the outbox was switched back to queue mode, but the log of {behind} shards is not read "
-                "to the switch yet: run the relays with --mode log or auto until `postbox relay status` "
-                "shows it read"
-            )
-
-    def _follow(self, mode: str, reason: str) -> None:
-        """Run in `mode` from the next batch on (--mode auto; called with no batch open: at a connect or
-        a lease tick)."""
-        if mode == self.settings.mode:
+        """At every connect and lease tick (no batch open): read from the source mode_to_read says, swapping
+        it when the outbox's mode changed under --mode auto. A switch waits only for open batches, so an
+        idle relay, or one cut off from the database, finds it here."""
+        current = self._source
+        mode, reason = mode_to_read(conn, self.settings.mode, current.name if current is not None else None)
+        if current is not None and current.name == mode:
             return
-        self.settings = self._requested.following(mode)
-        if mode == "log":
-            self._log = LogReader(
-                self.settings.schema, self.settings.relay_id, self.settings.tick_interval, self._lease_lock
-            )
-        else:
-            if self._log is not None and self._lease_conn is not None:
-                self._log.write_deferred(self._lease_conn)  # so that status shows where the log stands
-            self._log = None
-            self.metrics.log_cursor_lag_seconds.clear()  # kept by log-mode relays only
-        log.info("relay_mode_followed", mode=mode, batch_size=self.settings.rows_per_batch, reason=reason)
-
-    def _lock_relay_id(self, conn: Connection) -> None:
-        """Hold the relay id's session lock on the lease connection, or raise RelayIdInUse."""
-        key = advisory_key("postbox.relay-id", f"{self.settings.schema}:{self.settings.relay_id}")
-
-        def lock() -> bool:
-            locked = conn.execute(query(QUERIES, "lock_relay_id"), {"key": key}).fetchone()
-            return bool(locked and locked[0])
-
-        if lock():
-            return
-        ended = conn.execute(
-            query(QUERIES, "end_stale_relay_id_holder"),
-            {
-                "high": (key >> 32) & 0xFFFFFFFF,
-                "low": key & 0xFFFFFFFF,
-                "relay_id": self.settings.relay_id,
-                "ttl": timedelta(seconds=self.settings.lease_ttl),
-            },
-        ).fetchone()
-        if ended and ended[0]:
-            log.warning("relay_stale_session_ended", relay_id=self.settings.relay_id)
-            # A terminated backend releases its locks as it exits: look again for up to about 2 s.
-            again = tenacity.Retrying(
-                retry=tenacity.retry_if_result(lambda locked: not locked),
-                stop=tenacity.stop_after_attempt(9),
-                wait=tenacity.wait_fixed(0.2),
-                retry_error_callback=lambda _state: False,
-            )
-            if again(lock):
-                return
-        raise RelayIdInUse(
-            f"another relay is connected with relay-id {self.settings.relay_id!r}; give each replica "
-            "its own (the default, hostname-pid, is unique). Waiting for it to go away."
+        if current is not None and self._lease_conn is not None:
+            current.close(self._lease_conn)  # so that status shows where the log stands
+        self._source = make_source(
+            mode,
+            self.settings,
+            self._claimer,
+            tick_conn=self._tick_conn,
+            tick_lock=self._lease_lock,
+            metrics=self.metrics,
         )
+        # Once at the start (reason "--mode" when pinned), and at every change of modes under --mode auto.
+        log.info("relay_mode_followed", mode=mode, batch_size=self._source.rows_per_batch, reason=reason)
+
+    def _tick_conn(self) -> Connection:
+        assert self._lease_conn is not None
+        return self._lease_conn
+
+    def _source_upkeep(self, conn: Connection) -> None:
+        """Housekeeping's round for the source read now (its thread; the source may be swapped meanwhile)."""
+        source = self._source
+        if source is not None:
+            source.upkeep(conn)
 
     def _disconnect(self) -> None:
         self.connected = False
@@ -425,8 +287,8 @@ class Relay:
         self.publisher.close(self.settings.delivery_timeout)
         if self.leases is not None:
             try:
-                if self._log is not None and self._lease_conn is not None:
-                    self._log.write_deferred(self._lease_conn)
+                if self._source is not None and self._lease_conn is not None:
+                    self._source.close(self._lease_conn)
                 self.leases.release_all()
             except psycopg.Error as exc:  # the leases then simply expire; nothing is lost either way
                 log.warning("relay_release_failed", error=describe_error(exc))
@@ -547,8 +409,7 @@ class Relay:
                 self._finish(batch)
                 self.daemon.beat()
                 turns.batch_finished()
-                # Rows may be waiting: the claim hit its row limit, or the byte budget cut it short.
-                full = batch.claimed >= self.settings.rows_per_batch or batch.claimed > len(batch.rows)
+                full = batch.full
             return full
         except BaseException:
             self._lane_failed.set()
@@ -573,163 +434,49 @@ class Relay:
             self.leases.renew_only()
 
     def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
-        """Claim up to batch-size rows of the lane's shards (opening the batch's transaction) and hand
-        their messages to the producer; None, with the transaction closed, when there is nothing to do."""
+        """Read the lane's next page (opening the batch's transaction) and hand its messages to the
+        producer; None, with the transaction closed, when there is nothing to do."""
         assert self.leases is not None
+        assert self._source is not None
         started = time.perf_counter()
         max_message = self.settings.max_message_bytes
-        claim_params = {
-            "shards": lane,
-            "lock_space": self._lock_space,
-            "limit": self.settings.rows_per_batch,
-            "max_message_bytes": max_message,
-            "max_batch_bytes": self.settings.max_batch_bytes,
-            **self._topics.claim_filter(),
-        }
+        limits = ReadLimits(
+            self._source.rows_per_batch,
+            max_message,
+            self.settings.max_batch_bytes,
+            *self._topics.claim_filter(),
+        )
         woke_at = self._woke_at
-        result, log_page = self._claim(conn, lane, claim_params)
+        page = self._source.read(conn, lane, limits)
         claimed_at, claim_seconds = time.time(), time.perf_counter() - started
-        if not result:
-            # Ends the transaction, and with it the shards' locks; log mode keeps the cursors it moved
-            # past empty windows.
+        if page is None:
+            # Ends the transaction, and with it the shards' locks (and any cursor moved past empty
+            # windows is kept).
             conn.commit()
             return None
-        claimed = int(result[0][-1])  # rows the claim took; more than len(rows) when cut at the byte budget
-        rows, topics, deliveries, sent, messages = self._prepare(result, log_page, max_message)
+        claimed = page.claimed  # more than the records when cut at the byte budget
+        prepared = self._preparer.prepare(page.records, page.read_past, max_message)
         spans = None
-        if self._spans is not None and messages:
-            spans, messages = self._start_spans(rows, sent, messages, deliveries)
+        if self._spans is not None and prepared.messages:
+            spans = self._preparer.start_spans(prepared)
+        messages = prepared.messages
         sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
         return InFlight(
             conn,
             lane,
-            rows,
-            topics,
-            deliveries,
-            sent,
+            prepared.rows,
+            prepared.topics,
+            prepared.deliveries,
+            prepared.sent,
             sending,
             started,
-            claimed,
+            page,
+            claimed >= limits.rows or claimed > len(prepared.rows),
             woke_at,
             claimed_at,
             claim_seconds,
             spans,
-            log_page,
         )
-
-    def _prepare(
-        self, result: list[tuple[Any, ...]], log_page: LogPage | None, max_message: int
-    ) -> tuple[list[OutboxRow], list[str], list[Delivery | None], list[int], list[Message]]:
-        """The claimed records as rows, each row's topic, what is known of each row before sending (parked,
-        held back, a blocked topic; None for a row to send), and the messages to send with their rows'
-        indexes."""
-        make, routes, type_header = OutboxRow._make, self._routes, self.settings.event_type_header
-        held = self._held
-        rows: list[OutboxRow] = []
-        topics: list[str] = []
-        deliveries: list[Delivery | None] = []  # known before sending: why a row is not sent
-        sent: list[int] = []
-        messages: list[Message] = []
-        # One verdict per distinct topic per batch: a metadata check can wait, and it runs inside the
-        # batch transaction.
-        verdicts: dict[str, Delivery | None] = {}
-        # Log mode: a shard's cursor cannot pass a row held back before sending, so its later rows in this
-        # page are not sent either (they would be read and sent again with it).
-        held_shards: set[int] = set()
-        for index, record in enumerate(result):
-            # The row's preparation, one guarded step: whatever a writer stored, any exception while
-            # turning the row into a message (headers, size, routing, templating, encoding) parks this row
-            # alone, with a reason that quotes none of its contents. The record is the claim's: its
-            # headers are still JSON text (loaded here, not by the fetch).
-            try:
-                headers = record[7]
-                if headers is None:
-                    row = make(record[:-1])
-                else:
-                    row = make((*record[:7], load_headers(headers), *record[8:-1]))
-                if row.size > max_message:  # its payload was never loaded (see claim_batch)
-                    raise RoutingError(
-                        f"message too large: {row.size} bytes, over the producer's message.max.bytes "
-                        f"({max_message}); not loaded"
-                    )
-                topic = routes.topic(row)
-                message = to_message(row, topic, type_header)
-            except Exception as exc:  # noqa: BLE001 - the row is parked whatever it raised
-                row = make((*record[:7], None, *record[8:-1]))
-                rows.append(row)
-                topics.append(UNROUTABLE)
-                deliveries.append(_unpreparable(row, exc))
-                continue
-            rows.append(row)
-            topics.append(topic)
-            if log_page is not None:
-                # Log mode holds an aggregate, not its shard, while its events wait for a topic.
-                waits = held.waits_for(row.shard, row.aggregate_id)
-                if waits is not None:
-                    deliveries.append(Delivery(Disposition.HOLD, _held_behind(waits), waits))
-                    continue
-            if row.shard in held_shards:
-                deliveries.append(HELD_IN_SHARD)
-                continue
-            if topic not in verdicts:
-                verdicts[topic] = self._check_topic(topic, self._keep_leases)
-            gate = verdicts[topic]
-            if gate is not None and log_page is not None and gate.disposition is Disposition.TOPIC_BLOCKED:
-                held.hold(row.shard, row.aggregate_id, topic)
-                deliveries.append(Delivery(Disposition.HOLD, f"held: {gate.reason}", topic))
-                continue
-            deliveries.append(gate)
-            if gate is not None:
-                if log_page is not None:
-                    held_shards.add(row.shard)
-                continue
-            messages.append(message)
-            sent.append(index)
-        return rows, topics, deliveries, sent, messages
-
-    def _start_spans(
-        self,
-        rows: list[OutboxRow],
-        sent: list[int],
-        messages: list[Message],
-        deliveries: list[Delivery | None],
-    ) -> tuple[list[Any], list[Message]]:
-        """A publish span per message (tracing on), the last part of a row's preparation: it needs the
-        topic's verdict, so it runs after the batch's guarded step, under the same rule (a row whose span
-        cannot be started is parked and not sent). `sent` is trimmed in place to the messages returned."""
-        assert self._spans is not None
-        spans: list[Any] = []
-        kept: list[Message] = []
-        kept_rows: list[int] = []
-        for index, message in zip(sent, messages, strict=True):
-            try:
-                spans.append(self._spans.start((rows[index],), (message,))[0])
-            except Exception as exc:  # noqa: BLE001 - the row is parked whatever it raised
-                deliveries[index] = _unpreparable(rows[index], exc)
-                continue
-            kept.append(message)
-            kept_rows.append(index)
-        sent[:] = kept_rows
-        return spans, kept
-
-    def _claim(
-        self, conn: Connection, lane: list[int], params: dict[str, Any]
-    ) -> tuple[list[tuple[Any, ...]], LogPage | None]:
-        """The batch's rows: claimed pending rows, or in log mode when there are none the next page of the
-        log. Which of a shard's rows are older, its pending or its logged ones, the SQL decides from the
-        last switch of modes (migration 0006's outbox_mode), in the statement that reads them."""
-        if self._log is None:
-            return conn.execute(query(QUERIES, "claim_batch"), params).fetchall(), None
-        # Log mode: the claim runs only when the lane has pending rows (rare: from before a switch, or
-        # requeued), which spares the common batch a statement.
-        locked = self._log.lock(conn, lane)
-        if locked.pending:
-            claimed = conn.execute(query(QUERIES, "claim_batch"), params).fetchall()
-            if claimed:
-                return claimed, None
-        assert self._lease_conn is not None
-        read = self._log.read(conn, self._lease_conn, locked, params)
-        return (read[0], read[1]) if read is not None else ([], None)
 
     def _finish(self, batch: InFlight) -> None:
         """Wait for the batch's delivery reports, mark its rows in its transaction, commit."""
@@ -758,27 +505,23 @@ class Relay:
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
-        if batch.log_page is not None:
-            assert self._log is not None
-            marked = self._log.finish(batch.conn, batch.log_page, ids, list(map(_SHARD, rows)), outcome)
-        else:
-            marked = batch.conn.execute(
-                query(QUERIES, "mark_batch_deleting" if self.settings.delete_on_publish else "mark_batch"),
-                {
-                    "relay_id": self.settings.relay_id,
-                    "ids": [o.row_id for o in outcome.rows],
-                    "states": [o.state.value for o in outcome.rows],
-                    "errors": [o.error for o in outcome.rows],
-                },
-            ).rowcount
+        marked = batch.page.mark(batch.conn, outcome)
         batch.conn.commit()
-        self._record(batch, outcome, marked, acked_at)
+        report_batch(self.metrics, batch, outcome, marked, acked_at)
+        if marked < len(rows):
+            # Our lease on some shard expired mid-batch: drain() ends (no further batch on the lost shards)
+            # and _turn ticks the leases again.
+            self.leases.recheck_now()
+        # A batch where nothing got through (the broker is struggling) makes drain() back off.
+        self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
 
-    def _check_topic(self, topic: str, while_waiting: Callable[[], None]) -> Delivery | None:
+    def _check_topic(self, topic: str) -> Delivery | None:
+        """The topic's verdict (None: it takes messages); the leases are renewed while it waits for the
+        broker's metadata."""
         known, gate = self._topics.known(topic)
         if known:
             return gate
-        verdict = self.publisher.check_topic(topic, while_waiting)
+        verdict = self.publisher.check_topic(topic, self._keep_leases)
         if verdict is None:
             self._topics.mark_good(topic)
         return verdict
@@ -818,69 +561,6 @@ class Relay:
         if requeued:
             log.info("relay_held_rows_requeued", topic=topic, rows=len(requeued))
 
-    def _record(self, batch: InFlight, outcome: BatchOutcome, marked: int, acked_at: float) -> None:
-        committed_at = time.time()
-        seconds = time.perf_counter() - batch.started
-        stages = self.metrics.batch_stage_seconds
-        stages.labels("claim").observe(batch.claim_seconds)
-        stages.labels("publish").observe(max(0.0, acked_at - batch.claimed_at))
-        stages.labels("mark").observe(max(0.0, committed_at - acked_at))
-        # Wall clock against the database's created_at: comparable while the clocks are in sync.
-        if outcome.published == len(batch.rows):  # the usual batch: counted without a look at each row
-            published = Counter(batch.topics)
-            self.metrics.commit_to_ack.observe_many(
-                [max(0.0, acked_at - row.created_epoch) for row in batch.rows]
-            )
-        else:
-            published = Counter()
-            waited: list[float] = []
-            # outcome.rows is in the order of batch.rows (decide keeps it).
-            for row, topic, row_outcome in zip(batch.rows, batch.topics, outcome.rows, strict=True):
-                if row_outcome.state is RowState.PUBLISHED:
-                    published[topic] += 1
-                    waited.append(max(0.0, acked_at - row.created_epoch))
-                elif row_outcome.state is RowState.FAILED:
-                    self.metrics.failed.labels(self.metrics.topic_label(topic)).inc()
-                    log.error(
-                        "relay_row_parked", row_id=row_outcome.row_id, topic=topic, reason=row_outcome.error
-                    )
-            self.metrics.commit_to_ack.observe_many(waited)
-        for topic, count in published.items():
-            self.metrics.published.labels(self.metrics.topic_label(topic)).inc(count)
-        self.metrics.retried.inc(outcome.retried)
-        self.metrics.batch_rows.observe(len(batch.rows))
-        self.metrics.batch_seconds.observe(seconds)
-        if marked < len(batch.rows):
-            # Our lease on some shard expired mid-batch: its rows stay pending for the new owner (duplicates).
-            self.metrics.fenced.inc(len(batch.rows) - marked)
-            log.warning("relay_mark_fenced", unmarked=len(batch.rows) - marked)
-            assert self.leases is not None
-            self.leases.recheck_now()  # no further batch on the lost shards: drain() ends, _turn re-ticks
-        if outcome.retried:
-            log.warning(
-                "relay_rows_retried",
-                count=outcome.retried,
-                reason=next((o.error for o in outcome.rows if o.state is RowState.PENDING), None),
-            )
-        if log.is_enabled_for(logging.DEBUG):  # its arguments (a list of the batch's ids) cost even unlogged
-            log.debug(
-                "relay_batch_published",
-                rows=len(batch.rows),
-                published=outcome.published,
-                failed=outcome.failed,
-                retried=outcome.retried,
-                seconds=round(seconds, 4),
-                # Wall-clock stage times and the rows, for tests/bench's latency breakdown (debug only).
-                woke_at=batch.woke_at,
-                claim_started_at=batch.claimed_at - batch.claim_seconds,
-                claimed_at=batch.claimed_at,
-                acked_at=acked_at,
-                committed_at=committed_at,
-                row_ids=list(map(_ID, batch.rows)),
-            )
-        # A batch where nothing got through (the broker is struggling) makes drain() back off.
-        self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
-
     # -- waiting -----------------------------------------------------------------------------------------
 
     def _wait(self, seconds: float) -> None:
@@ -915,21 +595,8 @@ def _all_lanes(lanes: list[Future[bool]]) -> bool:
     return any(lane.result() for lane in lanes)
 
 
-def _unpreparable(row: OutboxRow, exc: Exception) -> Delivery:
-    """The fate of a row whose preparation raised `exc`: parked. An exception other than a RoutingError (the
-    expected kind, whose reason says it all) is logged by its class and where it was raised, never its
-    message, which may quote the row's contents."""
-    if not isinstance(exc, RoutingError):
-        log.warning("relay_row_unpreparable", row_id=row.id, error=type(exc).__name__, where=raised_in(exc))
-    return Delivery(Disposition.PARK, unpreparable_reason(exc))
-
-
 def _headers_as_text(conn: Connection) -> None:
     """The lane connection returns jsonb (the claim's headers) as its text, to be loaded per row by
     _begin's guarded step (load_headers): psycopg's own loader parses while the batch is fetched, where a
     value Python cannot load failed the whole batch. Once per lane connection, as it is made."""
     conn.adapters.register_loader("jsonb", TextLoader)
-
-
-def _held_behind(topic: str) -> str:
-    return f"held behind an earlier event of its aggregate, which waits for topic {topic}"

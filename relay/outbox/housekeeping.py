@@ -1,5 +1,6 @@
-"""The relay's housekeeping: the backlog gauges and census, the log's gauges and tick pruning, partition
-upkeep and --prune-retention's pruning. On a connection and a thread of their own, off the lanes' path.
+"""The relay's housekeeping: the backlog gauges and census, its source's upkeep (the log's gauges and tick
+pruning), partition upkeep and --prune-retention's pruning. On a connection and a thread of their own, off
+the lanes' path.
 
 Why a thread: this work used to run at each lease turn, where every lane waits for it. It took 17-70 ms a
 turn (the census alone 18-56 ms), every few seconds, which was most of the relay's latency tail at 1,000
@@ -24,7 +25,6 @@ import psycopg
 import structlog
 
 from postbox.relay.outbox import admin
-from postbox.relay.outbox.log_reader import prune_ticks
 from postbox.relay.outbox.metrics import RelayMetrics
 
 log = structlog.get_logger("postbox.relay")
@@ -64,7 +64,7 @@ class Housekeeping:
         partition_xids: int,
         prune_retention: timedelta | None,
         prune_interval: float,
-        log_mode: Callable[[], bool],
+        source_upkeep: Callable[[Connection], None],
     ) -> None:
         self._connect = connect
         self.metrics = metrics
@@ -72,7 +72,7 @@ class Housekeeping:
         self._partition_xids = partition_xids
         self._prune_retention = prune_retention
         self._prune_interval = prune_interval
-        self._log_mode = log_mode  # asked each round: a relay with --mode auto follows the outbox's mode
+        self._source_upkeep = source_upkeep  # the source read now: a relay with --mode auto may swap it
         self.conn: Connection | None = None
         self._stopping = threading.Event()
         self._error: BaseException | None = None
@@ -127,22 +127,26 @@ class Housekeeping:
                 self.conn.close()
 
     def run_once(self, conn: Connection) -> None:
-        """One round: gauges (with the census when due), the log's, partitions, pruning when due."""
+        """One round: gauges (with the census when due), the source's upkeep, partitions, pruning when due."""
         steps = Steps()
         self._backlog_gauges(conn)
         steps.done("gauges")
-        if self._log_mode():
-            self._log_gauges(conn)
-            steps.done("log")
-        upkeep = admin.maintain_partitions(conn, self._partition_xids, None)
-        if upkeep.changed:
-            log.info("relay_partitions_maintained", created=upkeep.created, done=upkeep.done)
+        self._source_upkeep(conn)
+        steps.done("source")
+        self.keep_partitions(conn)
         steps.done("partitions")
         if self._prune_retention is not None and time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + self._prune_interval
             self._prune(conn, self._prune_retention)
             steps.done("prune")
         log.debug("relay_housekeeping", began_at=steps.began_at, ms=steps.ms)
+
+    def keep_partitions(self, conn: Connection) -> None:
+        """Create the outbox's partitions ahead and mark finished ones (each round, and by the relay once
+        as it connects, before its first batch: a relay never publishes with no partition ahead)."""
+        upkeep = admin.maintain_partitions(conn, self._partition_xids, None)
+        if upkeep.changed:
+            log.info("relay_partitions_maintained", created=upkeep.created, done=upkeep.done)
 
     def _backlog_gauges(self, conn: Connection) -> None:
         # The census (stranded rows, the log's unread ones) reads every partition, and every unread row:
@@ -179,15 +183,6 @@ class Housekeeping:
                     first_ids=stranded.first_ids,
                     help="`postbox relay status` names them; `postbox relay requeue --stranded` queues them",
                 )
-
-    def _log_gauges(self, conn: Connection) -> None:
-        prune_ticks(conn)
-        progress = admin.log_progress(conn)
-        self.metrics.log_tick_age_seconds.set(progress.tick_age_seconds)
-        self.metrics.log_oldest_open_transaction_seconds.set(progress.oldest_open_transaction_seconds)
-        if self._log_mode():  # not if the relay followed the outbox to queue mode meanwhile (it clears them)
-            for shard, lag in progress.cursor_lag_seconds.items():
-                self.metrics.log_cursor_lag_seconds.labels(str(shard)).set(lag)
 
     def _prune(self, conn: Connection, retention: timedelta) -> None:
         pruned = admin.prune(

@@ -34,6 +34,7 @@ from postbox.relay.outbox.log import (
     open_window,
 )
 from postbox.relay.outbox.outcome import BatchOutcome, RowState
+from postbox.relay.outbox.sources.base import OutboxRecord, ReadLimits, outbox_records
 
 QUERIES = Path(__file__).with_name("queries.sql")
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -145,11 +146,11 @@ class LogReader:
         return LockedLane(cursors, _int_or_none(found[0][5]), pending=bool(found[0][6]))
 
     def read(
-        self, conn: Connection, tick_conn: Connection, locked: LockedLane, params: dict[str, Any]
-    ) -> tuple[list[tuple[Any, ...]], LogPage] | None:
+        self, conn: Connection, tick_conn: Connection, locked: LockedLane, limits: ReadLimits
+    ) -> tuple[list[OutboxRecord], LogPage] | None:
         """The next page for the locked cursors, in the open transaction on `conn`, or None when every
         window is read to the newest tick (cursors moved past empty windows are written, not committed).
-        `params`: log_read's limit and byte budget."""
+        `limits`: the page's rows and byte budget."""
         now = time.monotonic()
         current = self._deferred.load(locked.cursors)
         self._write(conn, self._deferred.due([c.shard for c in locked.cursors], now))
@@ -170,26 +171,28 @@ class LogReader:
                     continue
             snapshots = self._window(conn, group[0])
             floors = last_ids_by_shard(group)
-            rows = conn.execute(
-                query(QUERIES, "log_read"),
-                {
-                    **params,
-                    "shards": [c.shard for c in group],
-                    "from_id": min(floors[c.shard] for c in group),
-                    "max_id": group[0].max_id,
-                    "last_ids": floors,
-                    "cur": snapshots.cur,
-                    "prev": snapshots.prev,
-                    "prev_xmin": snapshots.prev_xmin,
-                    "cur_xmax": snapshots.cur_xmax,
-                },
-            ).fetchall()
+            with conn.cursor(row_factory=outbox_records) as cursor:
+                rows = cursor.execute(
+                    query(QUERIES, "log_read"),
+                    {
+                        **limits.params(),
+                        "shards": [c.shard for c in group],
+                        "from_id": min(floors[c.shard] for c in group),
+                        "max_id": group[0].max_id,
+                        "last_ids": floors,
+                        "cur": snapshots.cur,
+                        "prev": snapshots.prev,
+                        "prev_xmin": snapshots.prev_xmin,
+                        "cur_xmax": snapshots.cur_xmax,
+                    },
+                ).fetchall()
             if not rows:  # the window is read: its closing tick is where the group stands now
                 passed = [Cursor(c.shard, c.window_to) for c in group if c.window_to is not None]
                 self._write(conn, self._deferred.keep(passed, now))
                 cursors.update((c.shard, c) for c in passed)
                 continue
-            complete = int(rows[0][-1]) < params["limit"] and int(rows[0][-1]) == len(rows)
+            claimed = rows[0].claimed_rows
+            complete = claimed < limits.rows and claimed == len(rows)
             return rows, LogPage(group, complete)
         return None
 

@@ -19,6 +19,7 @@
 -- claim took, so a cut batch counts as full. The window's sort is of the claimed rows only (at most
 -- `limit`, already in order), never of the backlog.
 -- The id as text and empty headers as NULL spare the relay a UUID object and a JSON parse for every row.
+-- The columns are named as relay.outbox.sources.base.OutboxRecord's fields, which every read checks.
 WITH claimed AS MATERIALIZED (
     -- Materialized with the payload still in its stored form (toasted values stay pointers): only the
     -- rows returned below are ever converted to text.
@@ -46,15 +47,15 @@ WITH claimed AS MATERIALIZED (
            count(*) OVER () AS claimed_rows
     FROM claimed AS c
 )
-SELECT id, event_id::text,
-       CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END,
-       CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END,
-       CASE WHEN fits THEN event_type ELSE left(event_type, 200) END,
-       CASE WHEN fits THEN payload::text END,
-       CASE WHEN fits THEN payload_bytes END,
-       CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END,
-       CASE WHEN fits THEN topic ELSE left(topic, 200) END,
-       shard, extract(epoch FROM created_at)::float8, message_bytes, claimed_rows
+SELECT id, event_id::text AS event_id,
+       CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END AS aggregate_type,
+       CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END AS aggregate_id,
+       CASE WHEN fits THEN event_type ELSE left(event_type, 200) END AS event_type,
+       CASE WHEN fits THEN payload::text END AS payload,
+       CASE WHEN fits THEN payload_bytes END AS payload_bytes,
+       CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END AS headers,
+       CASE WHEN fits THEN topic ELSE left(topic, 200) END AS topic,
+       shard, extract(epoch FROM created_at)::float8 AS created_epoch, message_bytes AS size, claimed_rows
 FROM budgeted
 WHERE running - CASE WHEN fits THEN message_bytes ELSE 0 END < %(max_batch_bytes)s
 ORDER BY id, shard
@@ -285,12 +286,11 @@ SELECT pg_advisory_xact_lock(%(key)s)
 -- The relay's way to the same lock: it never waits for it. The holder may be a replica stopped between
 -- this lock and its commit (SIGSTOP, a VM pause); a lane waiting behind it would hold up the lease tick
 -- that ends the stopped replica's sessions, and so wait for the server's idle timeout.
--- The relay's tick commits without waiting for the WAL flush (a lane's claim waits for its tick, with the
--- lease connection's lock held). A crash of PostgreSQL may lose the last ticks, but never one a cursor
--- stands at: a cursor moves to a tick in a transaction that read it, so that move's commit record comes
--- after the tick's in the WAL, and the WAL that keeps the move keeps the tick. Rows published from a lost
--- tick's window are published again from the next (duplicates, which at-least-once allows).
-SELECT pg_try_advisory_xact_lock(%(key)s), set_config('synchronous_commit', 'off', true)
+-- The tick commits with the WAL flushed (the session's synchronous_commit), never asynchronously: a relay
+-- keeps ticks in memory across a reconnect (their snapshots, cursors passed to them), so a tick that a
+-- crash of PostgreSQL lost, its id handed out again with a later snapshot, would make it skip the rows
+-- committed between the two snapshots. The 60-second log-mode soak lost rows so (2026-12-07).
+SELECT pg_try_advisory_xact_lock(%(key)s)
 
 -- name: log_newest_tick
 SELECT tick FROM outbox_tick ORDER BY tick DESC LIMIT 1
@@ -356,7 +356,8 @@ WHERE l.low IS NOT NULL
 -- The next page of a window in id order: rows with id past their shard's last_id, up to the window's
 -- max_id, written by a transaction that finished between the two snapshots. Ids within a window follow
 -- the order of the writes: a transaction that wrote after another committed has the higher ids. The
--- byte budget and the unloaded oversized rows are claim_batch's, and so are the columns returned. The
+-- byte budget and the unloaded oversized rows are claim_batch's, and so are the columns returned, by name
+-- (relay.outbox.sources.base.OutboxRecord; every read checks them). The
 -- txid range (every txid of the window is in it) lets the outbox's partitions outside it be skipped.
 WITH page AS MATERIALIZED (
     SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, payload_bytes, headers, topic,
@@ -378,15 +379,15 @@ WITH page AS MATERIALIZED (
            count(*) OVER () AS claimed_rows
     FROM page AS p
 )
-SELECT id, event_id::text,
-       CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END,
-       CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END,
-       CASE WHEN fits THEN event_type ELSE left(event_type, 200) END,
-       CASE WHEN fits THEN payload::text END,
-       CASE WHEN fits THEN payload_bytes END,
-       CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END,
-       CASE WHEN fits THEN topic ELSE left(topic, 200) END,
-       shard, extract(epoch FROM created_at)::float8, message_bytes, claimed_rows
+SELECT id, event_id::text AS event_id,
+       CASE WHEN fits THEN aggregate_type ELSE left(aggregate_type, 200) END AS aggregate_type,
+       CASE WHEN fits THEN aggregate_id ELSE left(aggregate_id, 200) END AS aggregate_id,
+       CASE WHEN fits THEN event_type ELSE left(event_type, 200) END AS event_type,
+       CASE WHEN fits THEN payload::text END AS payload,
+       CASE WHEN fits THEN payload_bytes END AS payload_bytes,
+       CASE WHEN fits THEN nullif(headers, '{}'::jsonb) END AS headers,
+       CASE WHEN fits THEN topic ELSE left(topic, 200) END AS topic,
+       shard, extract(epoch FROM created_at)::float8 AS created_epoch, message_bytes AS size, claimed_rows
 FROM budgeted
 WHERE running - CASE WHEN fits THEN message_bytes ELSE 0 END < %(max_batch_bytes)s
 ORDER BY id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar
 
@@ -183,19 +183,6 @@ class RelaySettings(Settings):
         renamed=(Renamed("POSTBOX_DELETE_ON_PUBLISH"),),
     )
     metrics_address: str = shared_metrics_address("0.0.0.0:9400")
-
-    def following(self, outbox_mode: str) -> RelaySettings:
-        """These settings as the relay runs them on an outbox that needs `outbox_mode` (mode_to_follow):
-        `auto` becomes that mode; an explicit --mode stays."""
-        return replace(self, mode=outbox_mode) if self.mode == "auto" else self
-
-    @property
-    def rows_per_batch(self) -> int:
-        """--batch-size, or the mode's default (see its help); `auto` is resolved (following) before any
-        batch."""
-        if self.batch_size is not None:
-            return self.batch_size
-        return LOG_BATCH_ROWS if self.mode == "log" else QUEUE_BATCH_ROWS
 
     @property
     def max_message_bytes(self) -> int:

@@ -31,22 +31,10 @@ import psycopg
 from postbox.relay.devstack.kafka import LocalKafka
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox import enqueue
-from tests.bench.run import (
-    PARTITIONS,
-    STAGES,
-    WRITERS,
-    BenchRelay,
-    BenchServers,
-    ReceiveTimes,
-    histogram_quantile,
-    histogram_shares,
-    id_header,
-    latency_stages,
-    paced_writes,
-    payload_of,
-    percentile,
-    publishing,
-)
+from tests.bench.harness.servers import PARTITIONS, BenchRelay, BenchServers, publishing
+from tests.bench.harness.stats import histogram_quantile, histogram_shares, percentile
+from tests.bench.harness.traffic import WRITERS, ReceiveTimes, id_header, paced_writes, payload_of
+from tests.bench.parts.latency import STAGES, latency_stages
 from tests.support.probes import http_get
 
 

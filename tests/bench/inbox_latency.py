@@ -19,8 +19,8 @@ minus plain consumer. Every process is on this machine and every time is time.ti
 another checkout as well: the child's `postbox` package is that checkout's (see Code.env), and the
 handler's file says which package it imported, checked. The two alternate within each rate, the order
 flipping from run to run. The throughput part runs "The inbox consumer against its limit" of
-tests/bench/run.py (its bench_inbox, 200,000 messages of 200 bytes, its four variants) for each checkout
-on the same topic in each run, alternating the same way.
+tests/bench/parts/consumers.py (its bench_inbox, 200,000 messages of 200 bytes, its four variants) for each
+checkout on the same topic in each run, alternating the same way.
 """
 
 from __future__ import annotations
@@ -50,19 +50,11 @@ from confluent_kafka import Consumer
 from postbox import __version__, enqueue
 from postbox.relay.devstack.kafka import LocalKafka, kafka_version
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
-from tests.bench.run import (
-    INBOX_BATCHES,
-    PARTITIONS,
-    WRITERS,
-    BenchServers,
-    bench_inbox,
-    bench_raw_consumer,
-    bench_raw_producer,
-    median_spread,
-    payload_of,
-    percentile,
-    publishing,
-)
+from tests.bench.harness.servers import PARTITIONS, BenchServers, publishing
+from tests.bench.harness.stats import median_spread, percentile
+from tests.bench.harness.traffic import WRITERS, payload_of
+from tests.bench.parts.consumers import INBOX_BATCHES, bench_inbox, bench_raw_consumer
+from tests.bench.parts.limits import bench_raw_producer
 from tests.support.processes import InboxProcess
 from tests.support.repo import REPO
 from tests.support.waiting import wait_until
@@ -327,7 +319,7 @@ def bench_latency_rates(
                         say(f"   {name:16} p{q * 100:g} ms {median_spread(values, 1)}{verdict}")
 
 
-# run.py's inbox variants (batch, app, what the handler does), by the name --variants takes.
+# The consumers part's inbox variants (batch, app, what the handler does), by the name --variants takes.
 THROUGHPUT_VARIANTS = {
     **{f"noop{b}": (b, "tests.apps.noop:inbox", "no-op handler") for b in INBOX_BATCHES},
     "insert500": (500, "tests.apps.noop:writing", "one INSERT per message"),
@@ -337,12 +329,12 @@ THROUGHPUT_VARIANTS = {
 def bench_throughput(
     s: BenchServers, codes: list[Code], messages: int, runs: int, names: list[str], say: Callable[[str], None]
 ) -> None:
-    """tests/bench/run.py's "consumers" part (bench_inbox, its variants) for each checkout, on the same
-    topic in each run, the checkouts' order flipping from run to run."""
+    """tests/bench/parts/consumers.py, the "consumers" part (bench_inbox, its variants), for each checkout,
+    on the same topic in each run, the checkouts' order flipping from run to run."""
     variants = [THROUGHPUT_VARIANTS[name] for name in names]
     say(
         f"\n-- throughput: {messages:,} messages of 200 bytes, {PARTITIONS} partitions "
-        "(run.py's bench_inbox) --"
+        "(parts/consumers.py's bench_inbox) --"
     )
     raw: list[float] = []
     rates: dict[tuple[str, int], list[float]] = {

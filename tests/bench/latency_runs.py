@@ -45,20 +45,11 @@ from confluent_kafka import Producer
 
 from postbox.relay.devstack.kafka import LocalKafka, kafka_version
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
-from tests.bench.run import (
-    PARTITIONS,
-    WRITERS,
-    BenchServers,
-    LatencyRun,
-    ReceiveTimes,
-    bench_drain,
-    bench_latency,
-    histogram_quantile,
-    machine_busy_seconds,
-    paced_writes,
-    payload_of,
-    percentile,
-)
+from tests.bench.harness.servers import PARTITIONS, BenchServers, machine_busy_seconds
+from tests.bench.harness.stats import histogram_quantile, percentile
+from tests.bench.harness.traffic import WRITERS, ReceiveTimes, paced_writes, payload_of
+from tests.bench.parts.drain import bench_drain
+from tests.bench.parts.latency import LatencyRun, bench_latency
 from tests.support.waiting import wait_until
 
 TARGETS_MS = {"fresh": 50.0, "warm": 25.0}  # p99, log mode at 1,000 events/s (issue 39)

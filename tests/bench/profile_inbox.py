@@ -24,7 +24,9 @@ from postbox.relay.core.logging import configure_logging
 from postbox.relay.devstack.kafka import LocalKafka
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from tests.apps.noop import inbox
-from tests.bench.run import PARTITIONS, BenchServers, bench_raw_producer, payload_of
+from tests.bench.harness.servers import PARTITIONS, BenchServers
+from tests.bench.harness.traffic import payload_of
+from tests.bench.parts.limits import bench_raw_producer
 
 
 def main() -> int:

@@ -22,7 +22,8 @@ import psycopg
 
 from postbox.relay.core.migrate import migrate
 from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
-from tests.bench.run import SCHEMA, process_usage, run_wrk, signed_stripe_requests, workers_flag
+from tests.bench.harness.servers import SCHEMA, process_usage
+from tests.bench.parts.webhooks import run_wrk, signed_stripe_requests, workers_flag
 from tests.support.processes import ReceiverProcess
 
 

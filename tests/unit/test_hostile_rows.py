@@ -1,44 +1,43 @@
 """The relay's per-row guard and the settings that would reach a formatter, without servers: a batch's
-records with hostile values go through Relay._prepare (the guarded step) and come out parked one by one,
+records with hostile values go through Preparer.prepare (the guarded step) and come out parked one by one,
 the rest sent in order; settings that would hand a row to a formatter or name an unusable schema are
 refused at start, naming the setting."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from postbox.relay.core.sql import check_schema_name, name_for_parameters, schema_name_problem
-from postbox.relay.outbox import daemon as daemon_module
-from postbox.relay.outbox.daemon import UNROUTABLE, Relay
+from postbox.relay.outbox import batch as batch_module
+from postbox.relay.outbox.batch import UNROUTABLE, Prepared, Preparer
 from postbox.relay.outbox.errors import Disposition
-from postbox.relay.outbox.metrics import RelayMetrics
-from postbox.relay.outbox.outcome import Delivery
-from postbox.relay.outbox.routing import Message, OutboxRow
+from postbox.relay.outbox.held import HeldAggregates
+from postbox.relay.outbox.routing import Message, OutboxRow, TopicRoutes
 from postbox.relay.outbox.settings import MigrateSettings, PruneSettings, RelaySettings, SettingsError
+from postbox.relay.outbox.sources.base import OutboxRecord
 
 
-class FakePublisher:
-    """Every topic usable; nothing is ever sent (Relay._prepare does not send)."""
-
-    fatal_error = None
-
-    def check_topic(
-        self, topic: str, while_waiting: Callable[[], None], patient: bool = True
-    ) -> Delivery | None:
-        return None
+def settings(**overrides: Any) -> RelaySettings:
+    return RelaySettings(database_url="postgresql://x", kafka_bootstrap="k:9092", **overrides)
 
 
-def relay(**overrides: Any) -> Relay:
-    settings = RelaySettings(database_url="postgresql://x", kafka_bootstrap="k:9092", **overrides)
-    return Relay(settings, FakePublisher(), RelayMetrics(CollectorRegistry()), lambda _autocommit: None)  # type: ignore[arg-type, return-value]
+def preparer(spans: Any = None) -> Preparer:
+    """Every topic usable (nothing is sent: preparing does not send)."""
+    given = settings()
+    return Preparer(
+        TopicRoutes(given.topic_template),
+        given.event_type_header,
+        HeldAggregates(),
+        lambda _topic: None,
+        spans,
+    )
 
 
-def record(row_id: int, headers: str | None = None, **fields: Any) -> tuple[Any, ...]:
-    """A record as the claim returns it: the row's columns (headers as JSON text), then claimed_rows."""
+def record(row_id: int, headers: str | None = None, **fields: Any) -> OutboxRecord:
+    """A record as a read returns it: the row's columns (headers as JSON text), then claimed_rows."""
     values: dict[str, Any] = {
         "id": row_id,
         "event_id": f"00000000-0000-0000-0000-{row_id:012d}",
@@ -54,11 +53,11 @@ def record(row_id: int, headers: str | None = None, **fields: Any) -> tuple[Any,
         "size": 100,
     }
     values.update(fields)
-    return (*values.values(), 99)
+    return OutboxRecord(**values, claimed_rows=99)
 
 
-def prepare(relay_: Relay, records: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
-    return relay_._prepare(list(records), None, 1_000_000)
+def prepare(records: Sequence[OutboxRecord], spans: Any = None) -> Prepared:
+    return preparer(spans).prepare(list(records), False, 1_000_000)
 
 
 def test_rows_whose_preparation_raises_are_parked_one_by_one_and_the_rest_sent_in_order() -> None:
@@ -73,7 +72,9 @@ def test_rows_whose_preparation_raises_are_parked_one_by_one_and_the_rest_sent_i
         record(8, size=5_000_000),  # over message.max.bytes: never loaded
         record(9),
     ]
-    rows, topics, deliveries, sent, messages = prepare(relay(), records)
+    prepared = prepare(records)
+    rows, topics, deliveries = prepared.rows, prepared.topics, prepared.deliveries
+    sent, messages = prepared.sent, prepared.messages
     assert [r.id for r in rows] == list(range(1, 10)), "one row per record, in order"
     assert sent == [0, 2, 8]
     assert [m.headers[0][1] for m in messages] == [r.event_id.encode() for r in (rows[0], rows[2], rows[8])]
@@ -93,22 +94,22 @@ def test_any_exception_in_a_rows_preparation_parks_it_by_class_and_logs_where(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The guard is not a list of known errors: a bug that raises anything for one row parks that row."""
-    real = daemon_module.to_message
+    real = batch_module.to_message
 
     def to_message(row: OutboxRow, topic: str, type_header: str | None = None) -> Message:
         if row.aggregate_id == "boom":
             {}[row.payload]  # a KeyError whose message would quote the payload
         return real(row, topic, type_header)
 
-    monkeypatch.setattr(daemon_module, "to_message", to_message)
+    monkeypatch.setattr(batch_module, "to_message", to_message)
     records = [record(1), record(2, aggregate_id="boom", payload='"secret payload text"'), record(3)]
-    _rows, _, deliveries, sent, _ = prepare(relay(), records)
-    assert sent == [0, 2]
-    parked = deliveries[1]
+    prepared = prepare(records)
+    assert prepared.sent == [0, 2]
+    parked = prepared.deliveries[1]
     assert parked is not None
     assert parked.disposition is Disposition.PARK
     # Where: the innermost frame in the relay package (the fake to_message is not in it).
-    assert parked.reason == "the row could not be made into a message: KeyError in _prepare"
+    assert parked.reason == "the row could not be made into a message: KeyError in prepare"
     logged = capsys.readouterr().out
     assert "relay_row_unpreparable" in logged
     assert "KeyError" in logged
@@ -128,17 +129,17 @@ class FailingSpans:
 
 
 def test_a_row_whose_span_cannot_be_started_is_parked_and_not_sent() -> None:
-    relay_ = relay()
-    relay_._spans = FailingSpans(2)  # type: ignore[assignment]
-    rows, _, deliveries, sent, messages = prepare(relay_, [record(1), record(2), record(3)])
-    spans, kept = relay_._start_spans(rows, sent, messages, deliveries)
-    assert sent == [0, 2]
+    spans_maker = FailingSpans(2)
+    prepared = prepare([record(1), record(2), record(3)], spans_maker)
+    spans = preparer(spans_maker).start_spans(prepared)
+    rows, kept = prepared.rows, prepared.messages
+    assert prepared.sent == [0, 2]
     assert len(spans) == len(kept) == 2
     assert [m.headers[0][1] for m in kept] == [rows[0].event_id.encode(), rows[2].event_id.encode()]
-    parked = deliveries[1]
+    parked = prepared.deliveries[1]
     assert parked is not None
     assert parked.disposition is Disposition.PARK
-    assert parked.reason == "the row could not be made into a message: TypeError in _start_spans"
+    assert parked.reason == "the row could not be made into a message: TypeError in start_spans"
 
 
 # -- settings ------------------------------------------------------------------------------------------
@@ -149,13 +150,13 @@ def test_a_row_whose_span_cannot_be_started_is_parked_and_not_sent() -> None:
 )
 def test_a_topic_template_that_would_reach_a_formatter_is_refused_naming_the_setting(template: str) -> None:
     with pytest.raises(SettingsError, match=r"^--topic-template \(POSTBOX_RELAY_TOPIC_TEMPLATE\): "):
-        relay(topic_template=template)
+        settings(topic_template=template)
 
 
 @pytest.mark.parametrize("header", ["id", "type\x00"])
 def test_an_event_type_header_that_would_forge_the_event_id_is_refused(header: str) -> None:
     with pytest.raises(SettingsError, match=r"^--event-type-header \(POSTBOX_RELAY_EVENT_TYPE_HEADER\): "):
-        relay(event_type_header=header)
+        settings(event_type_header=header)
 
 
 @pytest.mark.parametrize(

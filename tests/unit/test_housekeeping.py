@@ -22,7 +22,7 @@ def housekeeping(connect: Any, interval: float = 0.01) -> Housekeeping:
         partition_xids=1_000_000,
         prune_retention=None,
         prune_interval=60.0,
-        log_mode=lambda: True,
+        source_upkeep=lambda _conn: None,
     )
 
 

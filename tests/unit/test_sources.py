@@ -1,0 +1,100 @@
+"""The seam between the relay daemon and where its batches come from, without servers: the records both
+reading statements return (by name), each source's default batch size, what a page of each says."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from postbox.relay.outbox.log_reader import LogPage
+from postbox.relay.outbox.metrics import RelayMetrics
+from postbox.relay.outbox.routing import OutboxRow
+from postbox.relay.outbox.settings import LOG_BATCH_ROWS, QUEUE_BATCH_ROWS, RelaySettings
+from postbox.relay.outbox.sources.base import RECORD_COLUMNS, BatchSource, OutboxRecord, outbox_records
+from postbox.relay.outbox.sources.choice import make_source
+from postbox.relay.outbox.sources.log import LogSource, WindowPage
+from postbox.relay.outbox.sources.queue import ClaimedPage, Claimer, QueueSource
+
+CLAIMER = Claimer("relay-1", 7, delete_on_publish=False)
+
+
+def settings(**overrides: object) -> RelaySettings:
+    return RelaySettings(database_url="postgresql://x", kafka_bootstrap="k:9092", **overrides)  # type: ignore[arg-type]
+
+
+def source(mode: str, given: RelaySettings) -> BatchSource:
+    return make_source(
+        mode,
+        given,
+        CLAIMER,
+        tick_conn=lambda: pytest.fail("no tick is taken here"),
+        tick_lock=threading.Lock(),
+        metrics=RelayMetrics(CollectorRegistry()),
+    )
+
+
+def record(**overrides: Any) -> OutboxRecord:
+    fields: dict[str, Any] = {
+        "id": 11,
+        "event_id": "0b7e0f9c-0000-4000-8000-000000000001",
+        "aggregate_type": "order",
+        "aggregate_id": "o-1",
+        "event_type": "order.placed",
+        "payload": '{"total": 3}',
+        "payload_bytes": None,
+        "headers": '{"h": "v"}',
+        "topic": None,
+        "shard": 5,
+        "created_epoch": 1.5,
+        "size": 42,
+        "claimed_rows": 3,
+    }
+    fields.update(overrides)
+    return OutboxRecord(**fields)
+
+
+def test_a_record_and_a_row_name_the_same_fields_in_the_same_order() -> None:
+    assert (*OutboxRow._fields, "claimed_rows") == RECORD_COLUMNS
+    given = record()
+    row = given.row({"h": "v"})
+    for name in OutboxRow._fields:
+        expected = {"h": "v"} if name == "headers" else getattr(given, name)
+        assert getattr(row, name) == expected, name
+
+
+def test_a_reading_statement_whose_columns_differ_by_name_is_refused() -> None:
+    def cursor(*names: str) -> Any:
+        return SimpleNamespace(description=[SimpleNamespace(name=n) for n in names])
+
+    make = outbox_records(cursor(*RECORD_COLUMNS))
+    assert make(tuple(record())) == record()
+    swapped = list(RECORD_COLUMNS)
+    swapped[2], swapped[3] = swapped[3], swapped[2]  # aggregate_id where aggregate_type should be
+    with pytest.raises(RuntimeError, match="returned columns"):
+        outbox_records(cursor(*swapped))
+    with pytest.raises(RuntimeError, match="returned columns"):
+        outbox_records(cursor(*RECORD_COLUMNS[:-1]))
+
+
+def test_each_source_takes_its_own_batch_size_unless_one_is_given() -> None:
+    assert source("queue", settings()).rows_per_batch == QUEUE_BATCH_ROWS
+    assert source("log", settings()).rows_per_batch == LOG_BATCH_ROWS
+    assert source("queue", settings(batch_size=50)).rows_per_batch == 50
+    assert source("log", settings(batch_size=50)).rows_per_batch == 50
+    assert isinstance(source("queue", settings()), QueueSource)
+    assert isinstance(source("log", settings()), LogSource)
+    with pytest.raises(ValueError, match="no source reads an outbox in mode 'auto'"):
+        source("auto", settings())
+
+
+def test_only_a_page_of_the_log_is_read_past() -> None:
+    claimed = ClaimedPage([record(claimed_rows=5)], CLAIMER)
+    assert (claimed.claimed, claimed.read_past) == (5, False)
+    log_source = source("log", settings())
+    assert isinstance(log_source, LogSource)
+    window = WindowPage([record()], LogPage([], complete=True), log_source._reader)
+    assert (window.claimed, window.read_past) == (3, True)
