@@ -12,7 +12,7 @@ import psycopg
 from postbox.relay.core.batched import delete_in_batches
 from postbox.relay.core.migrate import Migration, migrate
 from postbox.relay.core.sql import query
-from postbox.relay.outbox.log_reader import log_started, shards_behind_switch, take_tick
+from postbox.relay.outbox.sources.log_reader import log_started, shards_behind_switch, take_tick
 
 QUERIES = Path(__file__).with_name("queries.sql")
 

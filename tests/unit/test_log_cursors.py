@@ -1,8 +1,10 @@
-"""Log mode's cursor arithmetic (relay.outbox.log): which shards read together, where cursors go."""
+"""Log mode's cursor arithmetic (relay.outbox.sources.log_cursors): which shards read together, where
+cursors go."""
 
 from __future__ import annotations
 
-from postbox.relay.outbox.log import (
+from postbox.relay.outbox.outcome import RowOutcome, RowState
+from postbox.relay.outbox.sources.log_cursors import (
     Cursor,
     DeferredCursors,
     after_batch,
@@ -11,7 +13,6 @@ from postbox.relay.outbox.log import (
     next_group,
     open_window,
 )
-from postbox.relay.outbox.outcome import RowOutcome, RowState
 
 
 def published(row_id: int) -> RowOutcome:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from postbox.relay.outbox.log_reader import LogPage
 from postbox.relay.outbox.metrics import RelayMetrics
 from postbox.relay.outbox.routing import OutboxRow
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS, QUEUE_BATCH_ROWS, RelaySettings
 from postbox.relay.outbox.sources.base import RECORD_COLUMNS, BatchSource, OutboxRecord, outbox_records
 from postbox.relay.outbox.sources.choice import make_source
 from postbox.relay.outbox.sources.log import LogSource, WindowPage
+from postbox.relay.outbox.sources.log_reader import LogPage
 from postbox.relay.outbox.sources.queue import ClaimedPage, Claimer, QueueSource
 
 CLAIMER = Claimer("relay-1", 7, delete_on_publish=False)

@@ -8,11 +8,11 @@ import threading
 from collections.abc import Callable
 
 from postbox.relay.outbox import admin
-from postbox.relay.outbox.log_reader import log_started, outbox_in_log_mode, shards_behind_switch
 from postbox.relay.outbox.metrics import RelayMetrics
 from postbox.relay.outbox.settings import RelaySettings, mode_to_follow
 from postbox.relay.outbox.sources.base import BatchSource, Connection, RelayConfigurationError
 from postbox.relay.outbox.sources.log import LogSource
+from postbox.relay.outbox.sources.log_reader import log_started, outbox_in_log_mode, shards_behind_switch
 from postbox.relay.outbox.sources.queue import Claimer, QueueSource
 
 

@@ -1,7 +1,7 @@
 """Log mode's source: each shard's cursor reads the outbox in commit order, window by window between
-ticks (relay.outbox.log_reader has the SQL side, relay.outbox.log the pure logic). A lane whose shards
-have pending rows (from before a switch to log mode, or requeued) claims those first, as queue mode does:
-the SQL orders a shard's pending and logged rows by the last switch of modes."""
+ticks (log_reader.py beside it has the SQL side, log_cursors.py the pure logic). A lane whose shards have
+pending rows (from before a switch to log mode, or requeued) claims those first, as queue mode does: the
+SQL orders a shard's pending and logged rows by the last switch of modes."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from postbox.relay.outbox import admin
-from postbox.relay.outbox.log_reader import LogPage, LogReader, prune_ticks
 from postbox.relay.outbox.metrics import RelayMetrics
 from postbox.relay.outbox.outcome import BatchOutcome
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, Page, ReadLimits
+from postbox.relay.outbox.sources.log_reader import LogPage, LogReader, prune_ticks
 from postbox.relay.outbox.sources.queue import Claimer
 
 

@@ -1,6 +1,6 @@
 """Log mode's cursors: which window a lane reads next and where each shard's cursor goes after a batch.
 
-Pure (no I/O): relay.outbox.log_reader runs the SQL. A shard's cursor says which of its rows are
+Pure (no I/O): relay.outbox.sources.log_reader runs the SQL. A shard's cursor says which of its rows are
 published: every row visible in tick `tick`'s snapshot, plus, while a window (tick, window_to] is being
 read, the window's rows with id <= last_id. A lane reads one group of shards at a time: those whose
 cursors stand at the same window, so that one query in id order serves them all.

@@ -1,7 +1,7 @@
-"""Log mode's reads and cursor writes (--mode log): the SQL side of relay.outbox.log.
+"""Log mode's reads and cursor writes (--mode log): the SQL side of log_cursors.py beside it.
 
 A batch: lock the lane's cursors (so a shard is in one open batch at a time), take where they stand in
-memory when they only passed windows without their rows since (relay.outbox.log.DeferredCursors), pick
+memory when they only passed windows without their rows since (log_cursors.DeferredCursors), pick
 the group at the furthest-behind window, open a window to the newest tick if none is open (taking a tick
 when the newest is older than --tick-interval), read the next page of rows in id order, publish it, then
 move the cursors in the batch's transaction, fenced on the shard leases. A crash before that commit
@@ -24,7 +24,9 @@ import psycopg
 from postbox.relay.core.backoff import backoff_delay
 from postbox.relay.core.db import advisory_key
 from postbox.relay.core.sql import query
-from postbox.relay.outbox.log import (
+from postbox.relay.outbox.outcome import BatchOutcome, RowState
+from postbox.relay.outbox.sources.base import OutboxRecord, ReadLimits, outbox_records
+from postbox.relay.outbox.sources.log_cursors import (
     Cursor,
     DeferredCursors,
     after_batch,
@@ -33,8 +35,6 @@ from postbox.relay.outbox.log import (
     next_group,
     open_window,
 )
-from postbox.relay.outbox.outcome import BatchOutcome, RowState
-from postbox.relay.outbox.sources.base import OutboxRecord, ReadLimits, outbox_records
 
 QUERIES = Path(__file__).with_name("queries.sql")
 Connection = psycopg.Connection[tuple[Any, ...]]
