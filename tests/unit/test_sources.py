@@ -98,3 +98,24 @@ def test_only_a_page_of_the_log_is_read_past() -> None:
     assert isinstance(log_source, LogSource)
     window = WindowPage([record()], LogPage([], complete=True), log_source._reader)
     assert (window.claimed, window.read_past) == (3, True)
+
+
+def test_every_module_that_names_a_sql_file_finds_it() -> None:
+    """A module moved to another folder keeps reading its SQL (log_reader.py once looked for queries.sql
+    beside itself after its move into sources/, and every log-mode read failed)."""
+    import importlib  # noqa: PLC0415
+    import pkgutil  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    import postbox.inbox  # noqa: PLC0415
+    import postbox.relay  # noqa: PLC0415
+
+    checked = []
+    for package in (postbox.relay, postbox.inbox):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            queries = getattr(importlib.import_module(module.name), "QUERIES", None)
+            if isinstance(queries, Path):
+                assert queries.is_file(), f"{module.name}.QUERIES: {queries} does not exist"
+                checked.append(module.name)
+    assert "postbox.relay.outbox.sources.log_reader" in checked
+    assert "postbox.relay.outbox.sources.queue" in checked

@@ -36,7 +36,7 @@ from postbox.relay.outbox.sources.log_cursors import (
     open_window,
 )
 
-QUERIES = Path(__file__).with_name("queries.sql")
+QUERIES = Path(__file__).parent.parent / "queries.sql"  # relay/outbox/queries.sql
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 
