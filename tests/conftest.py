@@ -17,11 +17,13 @@ def servers() -> Iterator[Servers]:
 
 @pytest.fixture
 def relay_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The relay's mode for this test: queue unless parametrized (indirect=True) with "log", in which case
-    the test's schema is switched to log mode and every relay the test starts runs with --mode log."""
-    mode = str(getattr(request, "param", "queue"))
-    if mode == "log":
-        monkeypatch.setenv("POSTBOX_RELAY_MODE", "log")
+    """The outbox's mode for this test: log, as `postbox migrate` makes a new outbox, unless parametrized
+    (indirect=True) with "queue" (tests.support.modes: BOTH_MODES, QUEUE_ONLY). The relays the test starts
+    run in --mode auto, the default, so they read the test's schema in its mode, as users' relays do (a
+    test that pins one passes --mode itself)."""
+    mode = str(getattr(request, "param", "log"))
+    assert mode in ("log", "queue"), mode
+    monkeypatch.delenv("POSTBOX_RELAY_MODE", raising=False)  # none of the environment's: auto
     return mode
 
 

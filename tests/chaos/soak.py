@@ -30,7 +30,7 @@ from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox import OutboxEvent, enqueue_many
 from tests.apps.ledger import SCHEMA_SQL
 from tests.chaos.checker import Report, check
-from tests.support.database import outbox_states, prepare_outbox
+from tests.support.database import outbox_states, prepare_outbox, shard_owners
 from tests.support.kafka import create_topic, read_topic
 from tests.support.processes import InboxProcess, RelayProcess
 from tests.support.waiting import wait_until
@@ -140,9 +140,28 @@ def fault_kill_relay(c: Cluster, rng: random.Random) -> str:
 def fault_pause_relay(c: Cluster, rng: random.Random) -> str:
     victim = rng.choice(c.relays)
     victim.pause()
-    time.sleep(8)  # past its 3 s lease: the others take its shards and end its sessions
+    paused = time.monotonic()
+    # Past its 3 s lease: the others take its shards and end its sessions; then it wakes as a zombie.
+    wait_until(
+        lambda: victim.relay_id not in shard_owners(c.postgres.dsn, SCHEMA) and not _sessions_of(c, victim),
+        90,
+        interval=0.5,
+        what=f"relay {victim.relay_id}'s shards taken and its sessions ended while it is stopped",
+    )
     victim.resume()
-    return f"SIGSTOP relay {victim.relay_id} for 8 s (zombie), then SIGCONT"
+    return (
+        f"SIGSTOP relay {victim.relay_id} until the others took its shards and ended its sessions "
+        f"({time.monotonic() - paused:.0f} s, a zombie), then SIGCONT"
+    )
+
+
+def _sessions_of(c: Cluster, relay: RelayProcess) -> int:
+    with psycopg.connect(c.postgres.dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (f"postbox-relay {relay.relay_id}",),
+        ).fetchone()
+    return int(str(found[0])) if found else 0
 
 
 def fault_kill_consumer(c: Cluster, rng: random.Random) -> str:
@@ -156,7 +175,9 @@ def fault_kill_consumer(c: Cluster, rng: random.Random) -> str:
 def fault_pause_broker(c: Cluster, rng: random.Random) -> str:
     node = rng.choice(c.kafka.nodes)
     c.kafka.pause_node(node)
-    time.sleep(8)  # past the relays' 5 s delivery timeout (and, in a cluster, past its session timeout)
+    # The fault's length, not a wait for anything: past the relays' 5 s delivery timeout (and, in a
+    # cluster, past its session timeout).
+    time.sleep(8)
     c.kafka.resume_node(node)
     return f"SIGSTOP broker {node.node_id} for 8 s (past the delivery timeout), then SIGCONT"
 
@@ -164,7 +185,7 @@ def fault_pause_broker(c: Cluster, rng: random.Random) -> str:
 def fault_kill_broker(c: Cluster, rng: random.Random) -> str:
     node = rng.choice(c.kafka.nodes)
     c.kafka.stop_node(node, kill=True)
-    time.sleep(3)
+    time.sleep(3)  # the fault's length, not a wait for anything: three seconds without the node
     c.kafka.start_node(node)
     return f"SIGKILL broker {node.node_id}, restarted it 3 s later"
 
@@ -239,6 +260,7 @@ def run_soak(
         crashed: list[str] = []
         round_left: list[Callable[[Cluster, random.Random], str]] = []
         while time.monotonic() < deadline:
+            # Pacing, not waiting: the faults' schedule, one every ~fault_every seconds.
             time.sleep(min(rng.uniform(0.5, 1.5) * fault_every, max(0.0, deadline - time.monotonic())))
             if time.monotonic() >= deadline:
                 break

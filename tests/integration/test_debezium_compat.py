@@ -17,6 +17,7 @@ from postbox.relay.outbox import enqueue
 from tests.debezium import DebeziumConnect
 from tests.support.database import prepare_outbox
 from tests.support.kafka import Record, create_topic, read_topic
+from tests.support.modes import BOTH_MODES
 from tests.support.processes import RelayProcess
 from tests.support.servers import Servers
 from tests.support.waiting import wait_until
@@ -50,7 +51,7 @@ def by_event_id(records: list[Record]) -> dict[bytes, Record]:
     return {r.headers["id"]: r for r in records}
 
 
-@pytest.mark.parametrize("relay_mode", ["queue", "log"], indirect=True)
+@BOTH_MODES
 def test_postbox_messages_match_debezium_outbox_router_byte_for_byte(
     servers: Servers, logical_postgres: LocalPostgres
 ) -> None:

@@ -19,7 +19,9 @@ from psycopg import sql
 from postbox.relay.core.db import connect
 from postbox.relay.core.migrate import load_migrations
 from postbox.relay.core.sql import name_for_parameters
+from tests.support.database import written_state
 from tests.support.kafka import read_topic
+from tests.support.modes import BOTH_MODES
 from tests.support.processes import RelayProcess
 from tests.support.repo import REPO
 from tests.support.servers import Servers
@@ -64,7 +66,7 @@ def row_states(db: Conn, ids: list[int]) -> dict[int, tuple[str, str | None]]:
     ],
 )
 def test_a_topic_template_that_is_not_plain_placeholders_is_refused_at_start(
-    servers: Servers, schema: str, db: Conn, template: str
+    servers: Servers, schema: str, db: Conn, template: str, relay_mode: str
 ) -> None:
     row_id = insert(db, f"tpl{uuid.uuid4().hex[:6]}", "a-1")
     with RelayProcess(
@@ -77,13 +79,13 @@ def test_a_topic_template_that_is_not_plain_placeholders_is_refused_at_start(
         log = relay.log()
     assert code == 2, f"exit {code}, expected a refusal at start:\n{log[-2000:]}"
     assert "--topic-template (POSTBOX_RELAY_TOPIC_TEMPLATE)" in log, log[-2000:]
-    assert row_states(db, [row_id])[row_id] == ("pending", None), "nothing was claimed or parked"
+    assert row_states(db, [row_id])[row_id] == (written_state(relay_mode), None), "nothing read or parked"
 
 
 # -- rows whose preparation raises ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("relay_mode", ["queue", "log"], indirect=True)
+@BOTH_MODES
 def test_a_row_whose_preparation_raises_is_parked_and_the_rows_after_it_flow(
     servers: Servers, schema: str, db: Conn, relay_mode: str
 ) -> None:
@@ -100,7 +102,7 @@ def test_a_row_whose_preparation_raises_is_parked_and_the_rows_after_it_flow(
     with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
         wait_until(
             lambda: (
-                all(s != "pending" for s, _ in row_states(db, list(hostile.values())).values())
+                all(s == "failed" for s, _ in row_states(db, list(hostile.values())).values())
                 or relay.process.poll() is not None
             ),
             60,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from tests.support.bank import deposits, effects
 from tests.support.kafka import create_topic, produce, read_topic
 from tests.support.processes import InboxProcess
 from tests.support.servers import Servers
-from tests.support.waiting import wait_until
+from tests.support.waiting import holds_for, wait_until
 
 Conn = psycopg.Connection[tuple[object, ...]]
 
@@ -43,7 +42,9 @@ def test_an_event_delivered_three_times_to_two_consumers_at_once_applies_once(
         ) as second,
     ):
         wait_until(lambda: len(effects(bank)) == 51, 60, what="every distinct event applied")
-        time.sleep(2)  # room for a late double application to show
+        holds_for(  # room for a late double application to show
+            lambda: set(effects(bank).values()) == {1}, 2, what="no event applied twice"
+        )
         assert first.terminate() == 0
         assert second.terminate() == 0
     assert set(effects(bank).values()) == {1}, "no event applied twice"
@@ -165,7 +166,7 @@ def test_a_rebalance_between_two_consumers_loses_and_doubles_nothing(
             wait_until(lambda: len(effects(bank)) >= 2000, 60, what="both under way")
             assert first.terminate() == 0  # its partitions move to the second mid-stream
             wait_until(lambda: len(effects(bank)) == 3000, 90, what="everything applied")
-            time.sleep(2)
+            holds_for(lambda: set(effects(bank).values()) == {1}, 2, what="nothing applied twice")
             assert second.terminate() == 0
     applied = effects(bank)
     assert set(applied) == {e[0] for e in events}, "nothing lost"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
+import sys
+import threading
 import uuid
 
 import psycopg
@@ -51,6 +52,21 @@ def test_a_consumer_started_in_a_thread_applies_messages_and_stops_when_asked(
     assert not running.running
 
 
+def polling() -> bool:
+    """Whether a consumer thread of this process (start_consumer's) is in its poll, InboxConsumer._arrived,
+    where it waits for the first message to arrive."""
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if not thread.name.startswith("postbox-inbox-") or thread.ident is None:
+            continue
+        frame = frames.get(thread.ident)
+        while frame is not None:
+            if frame.f_code.co_name == "_arrived":
+                return True
+            frame = frame.f_back
+    return False
+
+
 def bank_app(schema: str) -> bank_service.Inbox:
     """tests.apps.bank's Inbox, on the test's schema."""
     bank_service.inbox.schema = schema
@@ -75,7 +91,7 @@ def test_a_message_that_arrives_alone_is_handled_without_waiting_for_the_batch_t
     )
     try:
         wait_until(lambda: running.ready()[0], 45, what="ready")
-        time.sleep(1)  # the consumer is inside its poll, waiting for the first message
+        wait_until(polling, 20, what="the consumer inside its poll, waiting for the first message")
         event = _deposit()
         produce(servers.kafka_bootstrap, topic, [event])
         wait_until(lambda: _applied(bank, event[0]), 20, what="applied well before the poll's 60 s")
@@ -104,11 +120,11 @@ def test_a_consumer_run_as_an_asyncio_task_applies_messages_and_stops_when_the_t
             )
         )
         produce(servers.kafka_bootstrap, topic, [event])
-        deadline = time.monotonic() + 45
-        while not _applied(bank, event[0]):
-            assert not task.done(), task
-            assert time.monotonic() < deadline, "applied"
-            await asyncio.sleep(0.2)
+        # Waited for on a thread of its own: this loop runs the task meanwhile.
+        await asyncio.to_thread(
+            wait_until, lambda: task.done() or _applied(bank, event[0]), 45, what="the deposit applied"
+        )
+        assert not task.done(), task
         task.cancel()
         try:
             await task

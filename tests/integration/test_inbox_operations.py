@@ -3,7 +3,6 @@ webhook event processed again by a real worker."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -216,7 +215,14 @@ def test_the_inbox_consumer_and_webhook_worker_carry_on_after_a_database_restart
         wait_until(lambda: one("SELECT balance FROM accounts") == (1,), 60, what="a deposit before")
         own_postgres.crash()
         produce(servers.kafka_bootstrap, topic, [("r2", "Deposit", {"account": "acc", "amount": 1})])
-        time.sleep(2)  # both notice the database is gone
+        wait_until(
+            lambda: (
+                "inbox_database_unavailable" in inbox.log()
+                and "webhook_worker_database_unavailable" in worker.log()
+            ),
+            30,
+            what="both noticing the database is gone",
+        )
         own_postgres.start_again()
         with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
             conn.execute(

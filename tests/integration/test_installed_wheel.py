@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import sysconfig
-import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.support.kafka import create_topic
 from tests.support.processes import ChildProcess
 from tests.support.repo import REPO
 from tests.support.servers import Servers
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -178,13 +178,15 @@ def test_a_service_with_its_own_inbox_and_relay_packages_writes_and_handles_thro
             ChildProcess(f"wheel-inbox-{schema}", consume_args, env, program=program, cwd=service) as inbox,
         ):
             seen: list[tuple[object, ...]] = []
-            deadline = time.monotonic() + 90
             with psycopg.connect(servers.database_url, autocommit=True) as conn:
-                while not seen and time.monotonic() < deadline:
+
+                def handled() -> bool:
                     assert relay.process.poll() is None, relay.log()
                     assert inbox.process.poll() is None, inbox.log()
-                    seen = conn.execute(f"SELECT message_id, order_id FROM public.{table}").fetchall()
-                    time.sleep(0.2)
+                    seen[:] = conn.execute(f"SELECT message_id, order_id FROM public.{table}").fetchall()
+                    return bool(seen)
+
+                wait_until(handled, 90, interval=0.2, what="the event handled through the wheel")
             assert seen == [(event_id, "o-1")], relay.log()[-3000:] + inbox.log()[-3000:]
             assert relay.terminate() == 0, relay.log()[-3000:]
             assert inbox.terminate() == 0, inbox.log()[-3000:]

@@ -1,7 +1,7 @@
-"""Log mode (--mode log) on the real servers: what reading the outbox in commit order between snapshots
-must get right. The faults it shares with queue mode (killed relays, a PostgreSQL crash, a paused replica,
-a late commit, a parked row, three replicas) run in both modes in test_relay_faults.py, the soak and the
-Debezium comparison likewise.
+"""Log mode on the real servers: what reading the outbox in commit order between snapshots must get right,
+and switching an outbox between the modes. The behaviour it shares with queue mode (delivery, killed
+relays, a PostgreSQL crash, a paused replica, a late commit, a parked row, three replicas) runs in both modes
+in test_relay_delivery.py and test_relay_faults.py, the soak and the Debezium comparison likewise.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
@@ -19,15 +20,15 @@ import pytest
 from postbox.relay.core.db import advisory_key, connect
 from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
 from postbox.relay.outbox.admin import SwitchRefused, log_progress, prune, requeue, switch_mode
-from tests.support.database import outbox_states
+from tests.support.database import newest_tick, outbox_states
 from tests.support.delivery import check_delivery
 from tests.support.kafka import read_topic
+from tests.support.modes import LOG_ONLY, QUEUE_ONLY
 from tests.support.probes import http_get
 from tests.support.processes import RelayProcess, followed_modes
 from tests.support.servers import Servers
 from tests.support.waiting import wait_until
 
-LOG = pytest.mark.parametrize("relay_mode", ["log"], indirect=True)
 Conn = psycopg.Connection[tuple[object, ...]]
 
 
@@ -44,7 +45,7 @@ def _events(aggregate_type: str, count: int, start: int = 0) -> list[OutboxEvent
     ]
 
 
-@LOG
+@LOG_ONLY
 def test_rows_stay_unwritten_and_a_long_transaction_elsewhere_delays_nothing(
     servers: Servers, schema: str, db: Conn
 ) -> None:
@@ -57,7 +58,12 @@ def test_rows_stay_unwritten_and_a_long_transaction_elsewhere_delays_nothing(
     long_tx.execute(f'INSERT INTO "{schema}".scratch VALUES (1)')  # takes a transaction id, stays open
     try:
         with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema) as relay:
-            time.sleep(1)
+            tick = newest_tick(servers.database_url, schema)
+            wait_until(
+                lambda: newest_tick(servers.database_url, schema) >= tick + 3,
+                20,
+                what="the relay reading on, three ticks with the transaction open",
+            )
             committed_at = time.monotonic()
             ids = _write(servers.database_url, schema, _events(aggregate_type, 30))
             wait_until(lambda: outbox_states(servers.database_url, schema) == {"published": 30}, 10)
@@ -73,7 +79,7 @@ def test_rows_stay_unwritten_and_a_long_transaction_elsewhere_delays_nothing(
     assert rows == [("logged", 0, None)], "log mode writes nothing to a published row"
 
 
-@LOG
+@LOG_ONLY
 def test_rolled_back_rows_and_sequence_gaps_are_skipped_and_a_prepared_transaction_is_published_on_commit(
     servers: Servers, schema: str, db: Conn
 ) -> None:
@@ -101,7 +107,12 @@ def test_rolled_back_rows_and_sequence_gaps_are_skipped_and_a_prepared_transacti
                 20,
                 what="the committed rows, past the gap and the prepared transaction",
             )
-            time.sleep(1)  # several ticks go by with the prepared transaction in progress
+            tick = newest_tick(servers.database_url, schema)
+            wait_until(
+                lambda: newest_tick(servers.database_url, schema) >= tick + 3,
+                10,
+                what="several ticks with the prepared transaction in progress",
+            )
             with psycopg.connect(servers.database_url, autocommit=True) as admin:
                 admin.execute(f"COMMIT PREPARED '{gid}'")
             gid = ""
@@ -119,7 +130,7 @@ def test_rolled_back_rows_and_sequence_gaps_are_skipped_and_a_prepared_transacti
     assert sorted(r.headers["id"].decode() for r in records) == sorted(ids + prepared_ids)
 
 
-@LOG
+@LOG_ONLY
 def test_a_parked_row_is_requeued_with_its_event_id_and_published(
     servers: Servers, schema: str, db: Conn
 ) -> None:
@@ -139,7 +150,7 @@ def test_a_parked_row_is_requeued_with_its_event_id_and_published(
     assert sorted(r.headers["id"].decode() for r in records) == sorted([*ids, big])
 
 
-@LOG
+@LOG_ONLY
 def test_a_replica_stopped_while_taking_a_tick_is_fenced_and_holds_no_one_up(
     servers: Servers, schema: str, db: Conn
 ) -> None:
@@ -168,20 +179,21 @@ def test_a_replica_stopped_while_taking_a_tick_is_fenced_and_holds_no_one_up(
     assert sorted(r.headers["id"].decode() for r in records) == sorted(ids)
 
 
-@LOG
+@LOG_ONLY
 def test_a_queue_relay_refuses_a_log_mode_outbox(servers: Servers, schema: str) -> None:
     with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--mode", "queue") as relay:
         assert relay.process.wait(timeout=30) == 2
         assert "switch-mode" in relay.log()
 
 
+@QUEUE_ONLY  # an outbox never switched to log mode: a queue-mode one
 def test_a_log_relay_refuses_an_outbox_never_switched(servers: Servers, schema: str) -> None:
     with RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--mode", "log") as relay:
         assert relay.process.wait(timeout=30) == 2
         assert "switch-mode log" in relay.log()
 
 
-@LOG
+@LOG_ONLY
 def test_finished_partitions_are_emptied_whole_and_no_unread_open_or_parked_row_is_lost(
     servers: Servers, schema: str, db: Conn
 ) -> None:
@@ -306,9 +318,10 @@ def _write_continuously(
             for event_id, event in zip(enqueue_many(app, batch, schema=schema), batch, strict=True):
                 written[str(event_id)] = (event.aggregate_id, event.payload["seq"])
             app.commit()
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing, not waiting: a steady stream of small transactions
 
 
+@QUEUE_ONLY  # the procedure starts from an outbox in queue mode
 @pytest.mark.parametrize("relays", ["pinned", "auto"])
 def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_order(
     servers: Servers, schema: str, relays: str
@@ -342,19 +355,28 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
         with connect(url, schema) as conn:
             switch_mode(conn, schema, mode)
 
+    def in_state(state: str) -> int:
+        return rows_in_state(url, schema, state)
+
+    def more(count: Callable[[], int], by: int, what: str) -> None:
+        """Wait until count() has grown by `by` from now."""
+        start = count()
+        wait_until(lambda: count() >= start + by, 30, what=what)
+
     writer.start()
     try:
         with relay("queue") as queue_relay:
-            time.sleep(2)
+            more(lambda: in_state("published"), 50, "rows published by the queue relay")
             assert queue_relay.terminate() == 0
         ran_in(queue_relay, "queue")
-        time.sleep(0.5)  # pending rows pile up
+        more(lambda: in_state("pending"), 20, "pending rows piling up")
         switch("log")
         with relay("log") as log_relay:
-            time.sleep(3)
+            wait_until(lambda: in_state("pending") == 0, 30, what="the pending rows claimed first")
+            more(lambda: logged_rows_read(url, schema), 50, "logged rows read")
             assert log_relay.terminate() == 0
         ran_in(log_relay, "log")
-        time.sleep(0.5)  # logged rows pile up
+        more(lambda: logged_rows_unread(url, schema), 20, "logged rows piling up")
         switch("queue")
         if pinned:
             with relay("queue") as early:
@@ -365,11 +387,11 @@ def test_switching_queue_to_log_and_back_under_writes_loses_nothing_and_keeps_or
             assert logged_rows_unread(url, schema) == 0
             if not pinned:  # goes on in queue mode, as a restart would
                 wait_until(lambda: followed_modes(log_relay) == ["log", "queue"], 10, what="queue mode")
-                time.sleep(1)  # a batch or two as a queue relay
+                more(lambda: in_state("published"), 10, "a batch or two as a queue relay")
             assert log_relay.terminate() == 0
         ran_in(log_relay, "log", "queue")
         with relay("queue") as back:
-            time.sleep(1)
+            more(lambda: in_state("published"), 10, "rows published by the queue relay")
             stop.set()
             writer.join(timeout=30)
             wait_until(lambda: set(outbox_states(url, schema)) == {"published"}, 30, what="all published")
@@ -389,6 +411,7 @@ def shards_behind_switch(database_url: str, schema: str) -> int:
         return log_progress(conn).shards_behind_switch
 
 
+@QUEUE_ONLY  # a switch from queue mode to log mode
 def test_a_switch_while_relays_sit_idle_is_followed_in_auto_and_stops_a_relay_pinned_to_the_old_mode(
     servers: Servers, schema: str
 ) -> None:
@@ -421,17 +444,35 @@ def test_a_switch_while_relays_sit_idle_is_followed_in_auto_and_stops_a_relay_pi
 
 
 def logged_rows_unread(database_url: str, schema: str) -> int:
+    return _logged_rows(database_url, schema, read=False)
+
+
+def logged_rows_read(database_url: str, schema: str) -> int:
+    return _logged_rows(database_url, schema, read=True)
+
+
+def _logged_rows(database_url: str, schema: str, read: bool) -> int:
+    """Logged rows visible (read) or not (unread) in the snapshot of the tick their shard's cursor is at."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         found = conn.execute(
             f"""SELECT count(*) FROM "{schema}".outbox AS o
                 JOIN "{schema}".outbox_cursor AS c ON c.shard = o.shard
                 JOIN "{schema}".outbox_tick AS t ON t.tick = c.tick
-                WHERE o.state = 'logged' AND NOT pg_visible_in_snapshot(o.txid, t.snapshot)"""
+                WHERE o.state = 'logged' AND pg_visible_in_snapshot(o.txid, t.snapshot) = %s""",
+            (read,),
         ).fetchone()
     assert found is not None
     return int(str(found[0]))
 
 
+def rows_in_state(database_url: str, schema: str, state: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        found = conn.execute(f'SELECT count(*) FROM "{schema}".outbox WHERE state = %s', (state,)).fetchone()
+    assert found is not None
+    return int(str(found[0]))
+
+
+@QUEUE_ONLY  # a switch from queue mode to log mode
 def test_a_switch_that_cannot_lock_the_outbox_gives_up_with_a_clear_error(
     servers: Servers, schema: str
 ) -> None:

@@ -1,10 +1,10 @@
-"""A network partition between the relay and the broker: the broker runs in a network namespace of the
-test's own, and an nftables rule drops everything sent to it for longer than the delivery timeout."""
+"""Network partitions: between the relay and the broker (the broker runs in a network namespace of the
+test's own, and an nftables rule drops everything sent to it for longer than the delivery timeout), and
+between each daemon and its database. The relay's run against both sources (log and queue mode)."""
 
 from __future__ import annotations
 
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,9 +15,10 @@ import pytest
 from postbox.relay.core.migrate import migrate
 from postbox.relay.devstack.kafka import LocalKafka
 from tests.chaos.netns import NetNamespace
-from tests.support.database import outbox_states
+from tests.support.database import outbox_states, prepare_outbox
 from tests.support.delivery import check_delivery, write_sequenced
 from tests.support.kafka import read_topic
+from tests.support.modes import BOTH_MODES
 from tests.support.processes import RelayProcess
 from tests.support.servers import Servers
 from tests.support.waiting import wait_until
@@ -44,8 +45,9 @@ def attempted_pending(database_url: str, schema: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+@BOTH_MODES
 def test_a_network_cut_to_the_broker_loses_nothing_and_heals_by_itself(
-    servers: Servers, schema: str, partitionable_kafka: tuple[LocalKafka, NetNamespace]
+    servers: Servers, schema: str, partitionable_kafka: tuple[LocalKafka, NetNamespace], relay_mode: str
 ) -> None:
     kafka, namespace = partitionable_kafka
     aggregate_type = f"cut{uuid.uuid4().hex[:6]}"
@@ -58,13 +60,25 @@ def test_a_network_cut_to_the_broker_loses_nothing_and_heals_by_itself(
         namespace.cut()
         try:
             write_sequenced(servers.database_url, schema, aggregate_type, ["d", "e"], 15, written, 6)
-            # Nothing answers, nothing refuses: every row must still be attempted, time out, and stay pending.
-            wait_until(
-                lambda: attempted_pending(servers.database_url, schema)[1] >= 2,
-                60,
-                what="each row attempted twice during the cut",
-            )
-            assert attempted_pending(servers.database_url, schema)[0] == 30
+            # Nothing answers, nothing refuses: the rows must still be attempted, time out, and stay to
+            # publish. In queue mode each row is claimed, attempted and left pending with its attempts
+            # counted. In log mode the rows stay as written (the relay writes nothing to a row it has not
+            # published) and its cursor stays before the first that failed: the head of the log is
+            # attempted again and again, the rows behind it wait their turn.
+            if relay_mode == "queue":
+                wait_until(
+                    lambda: attempted_pending(servers.database_url, schema)[1] >= 2,
+                    60,
+                    what="each row attempted twice during the cut",
+                )
+                assert attempted_pending(servers.database_url, schema)[0] == 30
+            else:
+                wait_until(
+                    lambda: relay.log().count('"relay_rows_retried"') >= 2,
+                    60,
+                    what="the head of the log attempted twice during the cut",
+                )
+            assert outbox_states(servers.database_url, schema) == {"published": 30, "pending": 30}
             assert relay.process.poll() is None
         finally:
             namespace.restore()
@@ -73,17 +87,18 @@ def test_a_network_cut_to_the_broker_loses_nothing_and_heals_by_itself(
             90,
             what="healed without a restart",
         )
-        time.sleep(1)
         assert relay.terminate() == 0
     records = read_topic(kafka.bootstrap, f"outbox.event.{aggregate_type}", expected=len(written))
     check_delivery(records, written)
 
 
-def test_a_network_cut_to_the_database_is_noticed_and_healed(own_postgres: Any, servers: Servers) -> None:
+@BOTH_MODES
+def test_a_network_cut_to_the_database_is_noticed_and_healed(
+    own_postgres: Any, servers: Servers, relay_mode: str
+) -> None:
     """Packets from the relay to its database vanish (nftables drops them on the way out): without
     client-side liveness settings the relay would wait on TCP retransmissions for many minutes."""
-    with psycopg.connect(own_postgres.dsn, autocommit=True) as conn:
-        migrate(conn, "postbox")
+    prepare_outbox(own_postgres.dsn, "postbox", relay_mode)
     aggregate_type = f"dbcut{uuid.uuid4().hex[:6]}"
     written: dict[str, tuple[str, int]] = {}
     write_sequenced(own_postgres.dsn, "postbox", aggregate_type, ["a", "b"], 10, written, 8)

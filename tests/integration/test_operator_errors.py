@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from postbox.relay.outbox import enqueue
 from tests.support.processes import ChildProcess
 from tests.support.repo import REPO
 from tests.support.servers import Servers
-from tests.support.waiting import wait_until
+from tests.support.waiting import holds_for, wait_until
 
 EX_UNAVAILABLE, EX_NOPERM, EX_CONFIG = 69, 77, 78
 
@@ -322,6 +321,12 @@ def test_the_webhook_receiver_stops_at_start_on_a_database_that_does_not_exist(s
     assert 'database "no_such_db_receiver" does not exist' in str(stopped["error"])
 
 
+def running(child: ChildProcess) -> bool:
+    """Whether `child` is still running; an exit fails the test at once, with the end of its log."""
+    assert child.process.poll() is None, child.log()[-3000:]
+    return True
+
+
 def test_a_relay_keeps_retrying_a_database_that_is_down(servers: Servers) -> None:
     """Transient trouble is retried as before: the relay is still there, saying why it waits."""
     with relay_run("down", unlistened_url(), servers.kafka_bootstrap) as relay:
@@ -330,8 +335,7 @@ def test_a_relay_keeps_retrying_a_database_that_is_down(servers: Servers) -> Non
             30,
             what="relay_database_unavailable",
         )
-        time.sleep(3)
-        assert relay.process.poll() is None, relay.log()[-3000:]
+        holds_for(lambda: running(relay), 3, what="the relay retrying, not exiting")
         assert relay.terminate() == 0
 
 
@@ -350,8 +354,9 @@ def test_with_kafka_down_librdkafka_lines_are_limited_json_events(
     else:
         child = inbox_consume("kafka-down", servers.database_url, down, schema)
     with child:
-        time.sleep(10)  # librdkafka retries a refused broker many times a second
-        assert child.process.poll() is None, child.log()[-3000:]
+        # librdkafka retries a refused broker many times a second: ten seconds of its lines, and the
+        # daemon running throughout.
+        holds_for(lambda: running(child), 10, what=f"the {daemon} running with Kafka down")
         assert child.terminate() == 0
         lines = child.log().splitlines()
     raw = [line for line in lines if not line.startswith("{")]

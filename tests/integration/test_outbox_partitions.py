@@ -9,13 +9,13 @@ import uuid
 from datetime import timedelta
 
 import psycopg
-import pytest
 
 from postbox.relay.core.db import connect
 from postbox.relay.outbox import OutboxEvent, enqueue_many
 from postbox.relay.outbox.admin import PartitionUpkeep, maintain_partitions
 from tests.support.delivery import check_delivery
 from tests.support.kafka import read_topic
+from tests.support.modes import BOTH_MODES
 from tests.support.processes import RelayProcess
 from tests.support.servers import Servers
 
@@ -47,7 +47,7 @@ def _write(
         errors.append(exc)
 
 
-@pytest.mark.parametrize("relay_mode", ["queue", "log"], indirect=True)
+@BOTH_MODES
 def test_partitions_come_and_go_under_writers_and_nothing_to_publish_is_emptied(
     servers: Servers, schema: str, db: Conn
 ) -> None:

@@ -12,7 +12,12 @@ import pytest
 from postbox.relay.core.db import connect
 from postbox.relay.core.sql import query
 from postbox.relay.outbox.daemon import QUERIES
+from tests.support.modes import QUEUE_ONLY
 from tests.support.servers import Servers
+
+# Queue mode's own statements (the claim of pending rows, the mark that deletes): log mode runs neither on
+# the rows it reads.
+pytestmark = QUEUE_ONLY
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 CLAIM_BYTES = {"max_message_bytes": 1_000_000, "max_batch_bytes": 16 << 20}

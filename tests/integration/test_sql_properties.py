@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 import psycopg
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.outcome import DELIVERED, Delivery, decide
 from postbox.relay.outbox.routing import OutboxRow, RoutingError, to_message, topic_for
 from postbox.relay.outbox.settings import DEFAULT_MESSAGE_MAX_BYTES
+from tests.support.modes import BOTH_MODES, QUEUE_ONLY
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 INBOX_QUERIES = RELAY_QUERIES.parents[2] / "inbox" / "queries.sql"
@@ -52,6 +52,7 @@ row_values = st.fixed_dictionaries(
 )
 
 
+@QUEUE_ONLY  # queue mode's claim and mark statements, run on rows written in queue mode's state
 @SETTINGS
 @given(rows=st.lists(row_values, min_size=1, max_size=5))
 def test_any_row_a_writer_inserts_goes_through_claim_routing_and_mark(
@@ -179,7 +180,7 @@ writer_columns = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.parametrize("relay_mode", ["log", "queue"], indirect=True)
+@BOTH_MODES
 @SETTINGS
 @given(columns=writer_columns)
 def test_whatever_columns_a_writer_sets_a_committed_row_is_one_a_relay_reads(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -28,7 +27,7 @@ from tests.support.bank import deposits, effects
 from tests.support.kafka import create_topic, produce
 from tests.support.processes import InboxProcess, ReceiverProcess, WorkerProcess
 from tests.support.servers import Servers
-from tests.support.waiting import wait_until
+from tests.support.waiting import holds_for, wait_until
 from tests.support.webhooks import applied, stripe_body, stripe_headers, wait_settled
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -104,11 +103,16 @@ def test_a_claim_that_times_out_on_another_sessions_lock_is_retried_and_the_mess
     url = with_settings(servers.database_url, lock_timeout="300ms")
     with InboxProcess(url, servers.kafka_bootstrap, schema, APP, [topic]) as consumer:
         wait_until(lambda: "55P03" in consumer.log(), 60, what="the consumer's claim timed out on the lock")
-        time.sleep(1)  # a few more timeouts while the other session holds on
+        wait_until(
+            lambda: consumer.log().count("55P03") >= 3, 60, what="more timeouts while the other holds on"
+        )
         other.rollback()  # the other session lets go without claiming: the message is still ours to apply
         wait_until(lambda: len(inbox_rows(bank)) == 3, 60, what="three messages settled")
-        time.sleep(1)  # room for a late double application to show
-        assert consumer.process.poll() is None, "the consumer must not die of it"
+        holds_for(
+            lambda: consumer.process.poll() is None and set(effects(bank).values()) == {1},
+            1,
+            what="the consumer alive and no message applied twice (room for a late double application)",
+        )
         assert consumer.terminate() == 0
     assert inbox_rows(bank) == [(e[0], "done", None) for e in sorted(events)], "nothing parked"
     assert effects(bank) == {e[0]: 1 for e in events}, "each message applied once, the held one included"
@@ -149,9 +153,12 @@ def test_a_deadlock_with_another_consumer_is_retried_and_never_parks_the_message
         assert not errors, errors
         other.rollback()  # the other instance gives up its claims (say, it crashed): ours to apply
         wait_until(lambda: len(inbox_rows(bank)) == 3, 60, what="three messages settled")
-        time.sleep(1)
+        holds_for(
+            lambda: consumer.process.poll() is None and set(effects(bank).values()) == {1},
+            1,
+            what="the consumer alive and no message applied twice (room for a late double application)",
+        )
         assert "40P01" in consumer.log(), "the consumer did meet the deadlock"
-        assert consumer.process.poll() is None, "the consumer must not die of it"
         assert consumer.terminate() == 0
     assert inbox_rows(bank) == [(a, "done", None), (b, "done", None), (c, "done", None)], "nothing parked"
     assert effects(bank) == {a: 1, b: 1, c: 1}
@@ -303,8 +310,9 @@ def test_a_stuck_event_locked_by_another_session_neither_stops_the_reaper_nor_th
             30,
             what="the fresh event applied",
         )
-        time.sleep(2)  # four reaper passes (every 0.5 s) while the stuck row is locked
-        assert worker.process.poll() is None, f"the worker died: {worker.log()[-2000:]}"
+        holds_for(  # four reaper passes (every 0.5 s) while the stuck row is locked
+            lambda: worker.process.poll() is None, 2, what="the worker alive through four reaper passes"
+        )
         other.rollback()
         wait_settled(db, 2)
         assert worker.terminate() == 0

@@ -1,5 +1,6 @@
 """The test's schema in PostgreSQL: prepare_outbox (migrate it, in queue or log mode), outbox_states (rows
-per state, in either mode) and execute_script (a test app's SCHEMA_SQL)."""
+per state, in either mode), written_state (the state a mode's rows are written in), newest_tick (log
+mode's progress), shard_owners (who holds the shard leases) and execute_script (a test app's SCHEMA_SQL)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,35 @@ def outbox_states(database_url: str, schema: str) -> dict[str, int]:
             GROUP BY 1"""
         ).fetchall()
     return {str(state): int(count) for state, count in rows}
+
+
+def written_state(mode: str) -> str:
+    """The state rows are written in, in an outbox of `mode` (migration 0009's insert guard): 'logged' in
+    log mode, 'pending' in queue mode. A relay in log mode leaves it so once the row is published."""
+    return "logged" if mode == "log" else "pending"
+
+
+def newest_tick(database_url: str, schema: str) -> int:
+    """The newest tick (log mode's snapshot) the relays have taken, 0 before the first. An idle relay in
+    log mode takes one at each poll, so this moving on shows it reading on."""
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        found = conn.execute(f'SELECT coalesce(max(tick), 0) FROM "{schema}".outbox_tick').fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def shard_owners(database_url: str, schema: str) -> dict[str, int]:
+    """Shards per relay id, counting the leases that have not expired."""
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            f'SELECT owner, count(*) FROM "{schema}".outbox_shard_lease '
+            "WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner"
+        ).fetchall()
+    return {str(owner): int(count) for owner, count in rows}
 
 
 def execute_script(conn: Any, script: str) -> None:

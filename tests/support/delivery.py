@@ -42,7 +42,7 @@ def write_sequenced(
             conn.commit()
             for event_id, event in zip(ids, batch, strict=True):
                 written[str(event_id)] = (event.aggregate_id, event.payload["seq"])
-            time.sleep(rng.random() * pause)
+            time.sleep(rng.random() * pause)  # pacing, not waiting: the writers' random interleaving
 
 
 def check_delivery(records: list[Record], written: dict[str, tuple[str, int]]) -> dict[str, int]:

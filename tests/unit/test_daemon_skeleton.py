@@ -9,6 +9,7 @@ import pytest
 
 from postbox.relay.core.backoff import backoff_delay
 from postbox.relay.core.daemon import Daemon
+from tests.support.waiting import wait_until
 
 
 class Lost(Exception):
@@ -70,8 +71,10 @@ def test_a_stop_ends_a_wait_at_once_and_the_run_returns_zero() -> None:
 
 def test_healthy_until_the_loop_stalls() -> None:
     daemon = Daemon("test", stall_limit=0.2)
+    started = time.monotonic()
     assert daemon.healthy()[0]
-    time.sleep(0.3)
+    wait_until(lambda: not daemon.healthy()[0], 5, interval=0.01, what="the stall noticed")
+    assert time.monotonic() - started >= 0.2, "not before the stall limit"
     ok, reason = daemon.healthy()
     assert not ok
     assert reason.startswith("main loop last turned")

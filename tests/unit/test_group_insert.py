@@ -118,10 +118,10 @@ def test_a_request_that_goes_away_does_not_disturb_the_rest_of_its_group() -> No
         table = Table()
         writes = GroupInsert(table.insert, max_in_flight=1)
         first = asyncio.create_task(writes.store([event("first")]))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop (no time passes): the first statement starts
         leaving = asyncio.create_task(writes.store([event("leaving")]))
         staying = asyncio.create_task(writes.store([event("staying")]))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: both queue behind it, as one group
         leaving.cancel()
         table.gate.set()
         assert await first == 1

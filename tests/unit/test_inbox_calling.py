@@ -89,7 +89,7 @@ def test_an_async_handler_is_awaited_and_a_sync_one_called() -> None:
     ran: list[str] = []
 
     async def hook(messages: list[Message]) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # suspends once (no time passes), as a real coroutine would
         ran.append("async")
 
     calls = HandlerCaller()
