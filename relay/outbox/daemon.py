@@ -121,7 +121,6 @@ class Relay:
             from postbox.relay.outbox.tracing import PublishSpans  # noqa: PLC0415
 
             spans = PublishSpans(tracing.tracer, tracing.follows_parent)
-        self._spans = spans
         self._preparer = Preparer(
             TopicRoutes(settings.topic_template),
             settings.event_type_header,
@@ -457,7 +456,7 @@ class Relay:
         claimed = page.claimed  # more than the records when cut at the byte budget
         prepared = self._preparer.prepare(page.records, page.read_past, max_message)
         spans = None
-        if self._spans is not None and prepared.messages:
+        if self._preparer.spans is not None and prepared.messages:
             spans = self._preparer.start_spans(prepared)
         messages = prepared.messages
         sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
@@ -492,10 +491,10 @@ class Relay:
         ids = list(map(_ID, rows))  # map with an attrgetter: about half a list comprehension's cost
         outcome = decide(ids, list(map(_AGGREGATE_ID, rows)), final)
         if batch.spans is not None and batch.sending is not None:
-            assert self._spans is not None
+            assert self._preparer.spans is not None
             sent = batch.sent
             states = [outcome.rows[i].state for i in sent]
-            self._spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
+            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
         for index, delivery in enumerate(final):
             if delivery.disposition is Disposition.TOPIC_BLOCKED or (
                 delivery.disposition is Disposition.HOLD and delivery.held_for == batch.topics[index]
