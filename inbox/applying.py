@@ -2,11 +2,11 @@
 
 One transaction claims every message with one INSERT ... ON CONFLICT DO NOTHING RETURNING, runs the
 handlers of the newly claimed messages, parks messages whose handler keeps failing (and sends them to the
-dead-letter topic, before the commit), commits, then runs the after_commit hooks. The handlers first run
-together under one savepoint; when one of them raises, that savepoint is rolled back and they run again one
-by one, each under its own savepoint with its retries, so a failing handler undoes only its own writes and
-never its neighbours'. No Kafka loop here: the consumer (inbox.consumer) hands batches in, the requeue
-(inbox.requeue) single messages, the test harness (inbox.testing) messages it made.
+dead-letter topic, inbox.dead_letters, before the commit), commits, then runs the after_commit hooks. The
+handlers first run together under one savepoint; when one of them raises, that savepoint is rolled back and
+they run again one by one, each under its own savepoint with its retries, so a failing handler undoes only
+its own writes and never its neighbours'. No Kafka loop here: the consumer (inbox.consumer) hands batches
+in, the requeue (inbox.requeue) single messages, the test harness (inbox.testing) messages it made.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 import tenacity
-from confluent_kafka import KafkaError, KafkaException, Producer
 
 from postbox.inbox.calling import HandlerCaller
 from postbox.inbox.handlers import PERMANENT, Inbox, Unhandled, decode_payload
@@ -31,6 +30,7 @@ from postbox.relay.core.db import describe_error, storable_text, transient_datab
 from postbox.relay.core.sql import query
 
 if TYPE_CHECKING:
+    from postbox.inbox.dead_letters import DeadLetters
     from postbox.inbox.tracing import BatchSpans
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -82,7 +82,7 @@ class Applier:
         self.metrics = metrics
         self.calls = calls
         self.spans: BatchSpans | None = None  # the batch being applied, when tracing is on
-        self.dead_letters: Producer | None = None
+        self.dead_letters: DeadLetters | None = None  # the Inbox's dead-letter topic, when it names one
 
     def apply(self, conn: psycopg.Connection[tuple[Any, ...]], work: list[Work]) -> None:
         """Claim `work` and apply what is new in one transaction on `conn`; then the after_commit hooks."""
@@ -101,7 +101,7 @@ class Applier:
             _count_by_topic(self.metrics.duplicates, (w.message for w in work if not w.claimed))
             failed = self._handle_all(conn, [item for item in work if item.claimed])
             if failed and self.dead_letters is not None:
-                self._send_dead_letters(failed)  # before the commit: a failure here retries the batch
+                self.dead_letters.send(failed)  # before the commit: a failure here retries the batch
         claimed = [w.message for w in work if w.claimed]
         log.debug(
             "inbox_batch_applied",
@@ -298,29 +298,6 @@ class Applier:
             exc_info=exc,
         )
         return reason
-
-    def _send_dead_letters(self, failed: list[tuple[Message, str]]) -> None:
-        producer, topic = self.dead_letters, self.inbox.dead_letter_topic
-        assert producer is not None
-        assert topic is not None
-        errors: list[str] = []
-
-        def on_delivery(error: KafkaError | None, _record: object) -> None:
-            if error is not None:
-                errors.append(error.str())
-
-        for message, reason in failed:
-            headers: list[tuple[str, str | bytes | None]] = [
-                *message.headers.items(),
-                ("postbox.error", reason.encode()),
-                ("postbox.source", message.coordinates.encode()),
-            ]
-            producer.produce(topic, message.value, message.key, headers=headers, on_delivery=on_delivery)
-        remaining = producer.flush(30)
-        if remaining or errors:
-            raise KafkaException(
-                KafkaError(KafkaError._MSG_TIMED_OUT, f"dead-letter produce failed: {errors}")
-            )
 
 
 def _count_by_topic(counter: Any, messages: Iterable[Message]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import os
 import sys
@@ -168,7 +167,6 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
     from postbox.inbox.webhooks import assemble  # noqa: PLC0415
     from postbox.inbox.webhooks.config import providers_from  # noqa: PLC0415
     from postbox.inbox.webhooks.serving import connection_limit  # noqa: PLC0415
-    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
 
     try:
         providers_from(settings, os.environ)  # checked here, so a bad secret fails the start at once
@@ -182,36 +180,12 @@ def _cmd_serve(args: argparse.Namespace, settings: Any, parser: argparse.Argumen
     tracing = start_daemon_tracing("receiver", parser)
     assemble.stop_if_refused(settings)
     if settings.workers == 1:
-        from prometheus_client import CollectorRegistry  # noqa: PLC0415
-
-        registry = CollectorRegistry()
-        app, server = assemble.build_receiver(settings, max_connections, registry, tracing.tracer)
-        # The receiver answers /healthz and /readyz on the webhook port itself; the metrics port gives the
-        # same readiness (database reachable within a short timeout). Liveness there is the process
-        # answering.
-        with tracing, serving(settings.metrics_address, registry, lambda: (True, "ok"), app.ready):
-            server.run()
-        return 0
+        return assemble.serve_one(settings, max_connections, tracing)
     tracing.shutdown()
-
-    from postbox.inbox.webhooks.processes import ReceiverProcesses, listening_socket, shared_metrics  # noqa: PLC0415
     from postbox.relay.core.logging import LoggingSettings  # noqa: PLC0415
 
-    logging = load(LoggingSettings, args, os.environ).settings
-    try:
-        sock = listening_socket(settings.host, settings.port)
-    except OSError as exc:
-        raise SystemExit(
-            f"postbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-        ) from None
-    target = functools.partial(assemble.serve_on, settings, max_connections, logging.format, logging.level)
-    with shared_metrics() as registry:
-        processes = ReceiverProcesses(
-            target, sock, settings.workers, lambda: assemble.database_answers(settings)
-        )
-        processes.install_signal_handlers()
-        with serving(settings.metrics_address, registry, processes.healthy, processes.ready):
-            return processes.run()
+    logging = load(LoggingSettings, args, os.environ).settings  # what each receiver process logs with
+    return assemble.serve_processes(settings, max_connections, logging.format, logging.level)
 
 
 def _cmd_work(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from postbox.inbox.applying import TRANSIENT_BACKOFF, TRANSIENT_BACKOFF_CAP, Applier, Work, decode
 from postbox.inbox.calling import HandlerCaller, check_no_running_loop
+from postbox.inbox.dead_letters import DeadLetters
 from postbox.inbox.handlers import Inbox
 from postbox.inbox.message import Message
 from postbox.inbox.metrics import InboxMetrics
@@ -187,15 +188,8 @@ class InboxConsumer:
         if self.inbox.awaits():
             check_no_running_loop()  # at start, not at the first message
         if self.inbox.dead_letter_topic:
-            self.applier.dead_letters = Producer(
-                with_structlog_logger(
-                    {
-                        "bootstrap.servers": self.settings.kafka_bootstrap,
-                        "enable.idempotence": True,
-                        "acks": "all",
-                        **self.settings.kafka_config,
-                    }
-                )
+            self.applier.dead_letters = DeadLetters.producing_to(
+                self.inbox.dead_letter_topic, self.settings.kafka_bootstrap, self.settings.kafka_config
             )
 
         self._consumer = self._subscribed()
@@ -217,7 +211,7 @@ class InboxConsumer:
         finally:
             self._consumer.close()
             if self.applier.dead_letters is not None:
-                self.applier.dead_letters.flush(10)
+                self.applier.dead_letters.close()
             self._close_db()
             self.applier.calls.close()
         log.info("inbox_stopped", consumer=self.inbox.consumer)
@@ -292,7 +286,7 @@ class InboxConsumer:
             self._record_lag(consumer)
             if self.applier.dead_letters is not None:
                 # Serves its log lines (kafka_client_log) while idle too: delivered only on poll.
-                self.applier.dead_letters.poll(0)
+                self.applier.dead_letters.serve()
         records = self._arrived(consumer)
         self._in_flight = [r for r in records if self._usable(r)]
         if self._in_flight:

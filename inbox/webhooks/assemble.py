@@ -1,14 +1,16 @@
 """The webhook receiver put together from its settings: the connection pool, the ASGI app, the uvicorn
-server (one process, or one of `--workers`), the start-up refusal of a database that will never work, and
-the readiness check of the metrics port. `postbox inbox serve` (inbox.cli) only parses and calls these.
+server, the start-up refusal of a database that will never work, and the readiness check of the metrics
+port; then run as one process (serve_one) or as `--workers` processes on one port (serve_processes, with
+inbox.webhooks.processes). `postbox inbox serve` (inbox.cli) only parses and calls these.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
-from postbox.relay.core.tracing import start_tracing_for
+from postbox.relay.core.tracing import Tracing, start_tracing_for
 
 
 def stop_if_refused(settings: Any) -> None:
@@ -127,3 +129,39 @@ def serve_on(settings: Any, max_connections: int, log_format: str, log_level: st
         # Its metrics are counted in the parent's files (shared_metrics), not in this registry.
         _, server = build_receiver(settings, max_connections, CollectorRegistry(), tracing.tracer)
         server.run(sockets=[sock])
+
+
+def serve_one(settings: Any, max_connections: int, tracing: Tracing) -> int:
+    """The receiver in this process, its metrics port beside it, until SIGTERM; `tracing` ends with it."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    app, server = build_receiver(settings, max_connections, registry, tracing.tracer)
+    # The receiver answers /healthz and /readyz on the webhook port itself; the metrics port gives the
+    # same readiness (database reachable within a short timeout). Liveness there is the process answering.
+    with tracing, serving(settings.metrics_address, registry, lambda: (True, "ok"), app.ready):
+        server.run()
+    return 0
+
+
+def serve_processes(settings: Any, max_connections: int, log_format: str, log_level: str) -> int:
+    """`settings.workers` receiver processes on one port this process binds, each logging as given, and
+    the metrics port adding up their metrics, until SIGTERM; the exit code (inbox.webhooks.processes)."""
+    from postbox.inbox.webhooks.processes import ReceiverProcesses, listening_socket, shared_metrics  # noqa: PLC0415
+    from postbox.relay.core.ops_http import serving  # noqa: PLC0415
+
+    try:
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        # A port in use stops the start here, before any process starts: the reason on stderr, exit 1.
+        raise SystemExit(
+            f"postbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+        ) from None
+    target = functools.partial(serve_on, settings, max_connections, log_format, log_level)
+    with shared_metrics() as registry:
+        processes = ReceiverProcesses(target, sock, settings.workers, lambda: database_answers(settings))
+        processes.install_signal_handlers()
+        with serving(settings.metrics_address, registry, processes.healthy, processes.ready):
+            return processes.run()

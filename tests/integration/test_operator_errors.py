@@ -26,7 +26,7 @@ from postbox.relay.core.kafka_logs import message_shape
 from postbox.relay.core.migrate import load_migrations, migrate
 from postbox.relay.devstack.ports import free_port
 from postbox.relay.outbox import enqueue
-from tests.support.processes import ChildProcess
+from tests.support.processes import ChildProcess, relay_run_args, server_args
 from tests.support.repo import REPO
 from tests.support.servers import Servers
 from tests.support.waiting import holds_for, wait_until
@@ -219,20 +219,7 @@ def stops_with(child: ChildProcess, code: int, timeout: float = 45) -> dict[str,
 def relay_run(name: str, database_url: str, bootstrap: str, schema: str = "postbox") -> ChildProcess:
     return ChildProcess(
         f"operator-{name}-{uuid.uuid4().hex[:6]}",
-        [
-            "relay",
-            "run",
-            "--database-url",
-            database_url,
-            "--kafka-bootstrap",
-            bootstrap,
-            "--schema",
-            schema,
-            "--metrics-address",
-            f"127.0.0.1:{free_port()}",
-            "--poll-interval",
-            "0.2",
-        ],
+        relay_run_args(database_url, bootstrap, schema, free_port()),
         log_level="info",
     )
 
@@ -249,12 +236,7 @@ def inbox_consume(
             "postbox.inbox.example:inbox",
             "--topics",
             topic or f"operator-{uuid.uuid4().hex[:6]}",
-            "--database-url",
-            database_url,
-            "--kafka-bootstrap",
-            bootstrap,
-            "--schema",
-            schema,
+            *server_args(database_url, bootstrap, schema),
         ],
         log_level="info",
     )

@@ -1,7 +1,8 @@
 """postbox as real child processes (so SIGKILL, SIGSTOP and SIGTERM are the real thing): ChildProcess,
 and the relay, inbox consumer, webhook worker and webhook receiver on top of it (RelayProcess,
-InboxProcess, WorkerProcess, ReceiverProcess); followed_modes reads a relay's log, and inbox_cli runs
-`postbox inbox ...` once, as a user would."""
+InboxProcess, WorkerProcess, ReceiverProcess); relay_run_args is the `relay run` command line a test
+starts a relay with (server_args, the flags that name its servers), followed_modes reads a relay's log,
+and postbox_cli (inbox_cli: `postbox inbox ...`) runs a command once, as a user would."""
 
 from __future__ import annotations
 
@@ -84,6 +85,28 @@ class ChildProcess:
         self._log.close()
 
 
+def server_args(database_url: str, bootstrap: str, schema: str) -> list[str]:
+    """The flags that name the database, the brokers and the schema of a relay or an inbox consumer."""
+    return ["--database-url", database_url, "--kafka-bootstrap", bootstrap, "--schema", schema]
+
+
+def relay_run_args(
+    database_url: str, bootstrap: str, schema: str, metrics_port: int, *extra: str
+) -> list[str]:
+    """The arguments of `postbox relay run` on these servers and schema, its metrics port on 127.0.0.1,
+    polling every 0.2 s; `extra` after them (a flag given again there wins)."""
+    return [
+        "relay",
+        "run",
+        *server_args(database_url, bootstrap, schema),
+        "--metrics-address",
+        f"127.0.0.1:{metrics_port}",
+        "--poll-interval",
+        "0.2",
+        *extra,
+    ]
+
+
 class RelayProcess(ChildProcess):
     """`postbox relay run` with short leases and polls, for tests."""
 
@@ -100,25 +123,17 @@ class RelayProcess(ChildProcess):
         self.metrics_port = free_port()
         super().__init__(
             f"{self.relay_id}-{uuid.uuid4().hex[:6]}",  # replicas may share a relay id, never a log
-            [
-                "relay",
-                "run",
-                "--database-url",
+            relay_run_args(
                 database_url,
-                "--kafka-bootstrap",
                 bootstrap,
-                "--schema",
                 schema,
+                self.metrics_port,
                 "--relay-id",
                 self.relay_id,
-                "--metrics-address",
-                f"127.0.0.1:{self.metrics_port}",
                 "--lease-ttl",
                 "3",
-                "--poll-interval",
-                "0.2",
                 *extra,
-            ],
+            ),
             env,
         )
 
@@ -155,12 +170,7 @@ class InboxProcess(ChildProcess):
                 f"127.0.0.1:{self.metrics_port}",
                 "--app",
                 app,
-                "--database-url",
-                database_url,
-                "--kafka-bootstrap",
-                bootstrap,
-                "--schema",
-                schema,
+                *server_args(database_url, bootstrap, schema),
                 "--topics",
                 ",".join(topics),
                 # A killed member leaves the group after this (Kafka's default is 45 s).
@@ -281,22 +291,12 @@ class ReceiverProcess(ChildProcess):
             return error.code, json.loads(error.read() or b"{}")
 
 
-def inbox_cli(
-    servers: Any, schema: str, *args: str, check: bool = True, env: dict[str, str] | None = None
+def postbox_cli(
+    servers: Any, schema: str, *args: str, check: bool = False, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`postbox inbox ARGS` on the test's schema, as a user runs it."""
+    """`postbox ARGS` on the test's schema, once, as a user runs it."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "postbox",
-            "inbox",
-            *args,
-            "--database-url",
-            servers.database_url,
-            "--schema",
-            schema,
-        ],
+        [sys.executable, "-m", "postbox", *args, "--database-url", servers.database_url, "--schema", schema],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -304,3 +304,10 @@ def inbox_cli(
         timeout=60,
         env={**os.environ, **(env or {})},
     )
+
+
+def inbox_cli(
+    servers: Any, schema: str, *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`postbox inbox ARGS` on the test's schema, as a user runs it."""
+    return postbox_cli(servers, schema, "inbox", *args, check=check, env=env)
