@@ -170,8 +170,9 @@ def switch_mode(
 
     Writers wait for the table lock, so every row written before the switch has the old mode's state and
     every row after it the new one. To log mode: every cursor starts at this tick (rows visible in its
-    snapshot are the queue's, still pending or published), and a shard's pending rows are claimed before
-    its log is read. To queue mode: the cursors stay, and a shard's pending rows are claimed only once
+    snapshot are the queue's, still pending or published; logged rows no cursor had reached, from a log
+    left unread at an earlier switch to queue mode, are queued), and a shard's pending rows are claimed
+    before its log is read. To queue mode: the cursors stay, and a shard's pending rows are claimed only once
     relays in log mode have read its log to this tick (all logged rows are visible in it)."""
     if mode not in ("log", "queue"):
         raise ValueError(f"mode must be log or queue, not {mode!r}")
@@ -184,6 +185,10 @@ def switch_mode(
         assert newest is not None
         tick = newest
         if mode == "log":
+            # The write guard (migration 0009) lets logged rows leave the log in this transaction only.
+            conn.execute("SELECT set_config('postbox.rebase', 'on', true)")
+            conn.execute(query(QUERIES, "log_unread_to_queue"))
+            conn.execute("SELECT set_config('postbox.rebase', 'off', true)")
             conn.execute(query(QUERIES, "log_start_cursors"), {"tick": tick})
         conn.execute(query(QUERIES, "log_record_switch"), {"mode": mode, "tick": tick})
         return tick

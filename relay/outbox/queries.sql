@@ -476,6 +476,20 @@ ALTER TABLE outbox ALTER COLUMN state SET DEFAULT 'logged'
 -- name: log_switch_to_queue
 ALTER TABLE outbox ALTER COLUMN state SET DEFAULT 'pending'
 
+-- name: log_unread_to_queue
+-- A switch to log mode starts every cursor at its own tick. Logged rows no cursor had reached by then
+-- (written before a switch to queue mode, in a log no relay went on to read) would lie behind every
+-- cursor and never be read: they go to the queue, where a relay in log mode claims a shard's pending rows,
+-- in id order, before it reads the shard's log. Rows of a window being read count as unread (sent again at
+-- worst, with the same event id). Reads outbox_log_idx from the oldest cursor's snapshot on only.
+UPDATE outbox AS o SET state = 'pending'
+FROM outbox_cursor AS c
+LEFT JOIN outbox_tick AS t ON t.tick = c.tick
+WHERE o.state = 'logged' AND o.shard = c.shard
+  AND o.txid >= coalesce((SELECT min(pg_snapshot_xmin(t2.snapshot))
+                          FROM outbox_cursor AS c2 JOIN outbox_tick AS t2 ON t2.tick = c2.tick), '0'::xid8)
+  AND (t.snapshot IS NULL OR NOT pg_visible_in_snapshot(o.txid, t.snapshot))
+
 -- name: log_start_cursors
 -- Every cursor starts at the switch's tick: rows written from then on are logged; rows pending from
 -- before stay pending, and a relay in log mode claims those first.

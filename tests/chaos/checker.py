@@ -33,6 +33,7 @@ class Report:
     applied: int | None = None  # distinct events consumers applied (None: no consumers checked)
     double_effects: list[str] = field(default_factory=list)
     not_applied: list[str] = field(default_factory=list)
+    crashed: list[str] = field(default_factory=list)  # processes that died on their own (the soak sets it)
 
     @property
     def ok(self) -> bool:
