@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     from postbox.relay.outbox.cli import add_relay_commands  # noqa: PLC0415
 
     add_relay_commands(commands)
+    from postbox.relay.capture.cli import add_capture_commands  # noqa: PLC0415
+
+    add_capture_commands(commands)
     from postbox.inbox.cli import add_inbox_commands  # noqa: PLC0415
 
     add_inbox_commands(commands)

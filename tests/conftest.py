@@ -84,3 +84,16 @@ def own_postgres() -> Iterator[object]:
     postgres = LocalPostgres(find_bin_dir()).start()
     yield postgres
     postgres.stop()
+
+
+@pytest.fixture
+def logical_postgres(relay_mode: str) -> Iterator[object]:
+    """A server of this test's own with wal_level=logical, for Debezium (which reads the WAL), with the
+    postbox schema migrated in the test's relay mode."""
+    from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir  # noqa: PLC0415
+    from tests.support.database import prepare_outbox  # noqa: PLC0415
+
+    postgres = LocalPostgres(find_bin_dir(), settings={"wal_level": "logical"}).start()
+    prepare_outbox(postgres.dsn, "postbox", relay_mode)
+    yield postgres
+    postgres.stop()

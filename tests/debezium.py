@@ -44,8 +44,54 @@ def debezium_version() -> str:
     return pom_version(POM, "debezium.version")
 
 
+def outbox_router_options(
+    schema: str, topic_replacement: str = "outbox.event.${routedByValue}"
+) -> dict[str, str]:
+    """Debezium's outbox event router on postbox's own outbox table (the benchmark's peer)."""
+    return {
+        "name": "postbox-bench-outbox",
+        "topic.prefix": "bench",
+        "table.include.list": f"{schema}.outbox",
+        "tombstones.on.delete": "false",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.table.field.event.id": "event_id",
+        "transforms.outbox.table.field.event.key": "aggregate_id",
+        "transforms.outbox.table.field.event.payload": "payload",
+        "transforms.outbox.route.by.field": "aggregate_type",
+        "transforms.outbox.route.topic.replacement": topic_replacement,
+        # The event type as an `eventType` header, which postbox sends by default (Debezium's usual
+        # option for it), so the compatibility test compares that header too.
+        "transforms.outbox.table.fields.additional.placement": "event_type:header:eventType",
+        # postbox marks rows published with an UPDATE; the router is told those are expected.
+        "transforms.outbox.table.op.invalid.behavior": "warn",
+    }
+
+
+def change_event_options(tables: list[str], topic_prefix: str) -> dict[str, str]:
+    """Debezium's plain change events of `tables`, every option at its default (the capture's reference)."""
+    return {
+        "name": "postbox-capture-reference",
+        "topic.prefix": topic_prefix,
+        "table.include.list": ",".join(tables),
+    }
+
+
+# The JSON converter without schemas: the format postbox's change capture writes.
+JSON_CONVERTERS = {
+    "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "key.converter.schemas.enable": "false",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "value.converter.schemas.enable": "false",
+}
+STRING_CONVERTERS = {
+    "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+    "value.converter": "org.apache.kafka.connect.storage.StringConverter",
+}
+
+
 class DebeziumConnect:
-    """One Kafka Connect standalone worker running one Debezium PostgreSQL connector on `schema`.outbox.
+    """One Kafka Connect standalone worker running one Debezium PostgreSQL connector on `tables`.
 
     The database must run with wal_level=logical. The publication is created here, the replication slot
     on first start (snapshot.mode=no_data: rows committed before that are not read, as with a new
@@ -61,17 +107,18 @@ class DebeziumConnect:
         dsn: str,
         port: int,
         bootstrap: str,
-        schema: str,
+        options: dict[str, str],
         *,
+        converters: dict[str, str] = STRING_CONVERTERS,
         heap: str = "2G",
-        topic_replacement: str = "outbox.event.${routedByValue}",
     ) -> None:
         libs = resolve_classpath(POM, f"debezium-{debezium_version()}")
+        tables = options["table.include.list"].split(",")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP PUBLICATION IF EXISTS {SLOT}")
-            outbox = f'"{schema}".outbox'
+            listed = ", ".join(".".join(f'"{part}"' for part in table.split(".")) for table in tables)
             conn.execute(
-                f"CREATE PUBLICATION {SLOT} FOR TABLE {outbox} WITH (publish_via_partition_root = true)"
+                f"CREATE PUBLICATION {SLOT} FOR TABLE {listed} WITH (publish_via_partition_root = true)"
             )
         self.directory = Path(tempfile.mkdtemp(prefix="postbox-debezium-"))
         self.rest_port = free_port()
@@ -81,40 +128,24 @@ class DebeziumConnect:
             "listeners": f"http://127.0.0.1:{self.rest_port}",
             "offset.storage.file.filename": str(self.directory / "offsets"),
             "offset.flush.interval.ms": "1000",
-            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
-            "value.converter": "org.apache.kafka.connect.storage.StringConverter",
+            **converters,
             "plugin.discovery": "only_scan",
             "producer.compression.type": "lz4",
             "producer.linger.ms": "5",
         }
         connector = {
-            "name": "postbox-bench-outbox",
             "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
             "tasks.max": "1",
             "database.hostname": "127.0.0.1",
             "database.port": str(port),
             "database.user": "postgres",
             "database.dbname": "postgres",
-            "topic.prefix": "bench",
             "plugin.name": "pgoutput",
             "slot.name": SLOT,
             "publication.name": SLOT,
             "publication.autocreate.mode": "disabled",
-            "table.include.list": f"{schema}.outbox",
             "snapshot.mode": "no_data",
-            "tombstones.on.delete": "false",
-            "transforms": "outbox",
-            "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-            "transforms.outbox.table.field.event.id": "event_id",
-            "transforms.outbox.table.field.event.key": "aggregate_id",
-            "transforms.outbox.table.field.event.payload": "payload",
-            "transforms.outbox.route.by.field": "aggregate_type",
-            "transforms.outbox.route.topic.replacement": topic_replacement,
-            # The event type as an `eventType` header, which postbox sends by default (Debezium's usual
-            # option for it), so the compatibility test compares that header too.
-            "transforms.outbox.table.fields.additional.placement": "event_type:header:eventType",
-            # postbox marks rows published with an UPDATE; the router is told those are expected.
-            "transforms.outbox.table.op.invalid.behavior": "warn",
+            **options,
         }
         self.connector_name = connector["name"]
         worker_file = self.directory / "worker.properties"

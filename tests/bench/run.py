@@ -29,7 +29,9 @@ Debezium needs, so both tools see the same database):
   raw confluent-kafka consumer on the same messages, at batch sizes 100, 500 and 1000 with a handler that
   does nothing, and at 500 with one that does one INSERT (`python -m tests.bench.profile_inbox` shows
   where its time goes); the webhook receiver under wrk with Stripe signatures checked (every request
-  distinct).
+  distinct);
+- capture: writers on a captured table against the same table uncaptured (single-row commits, and a bulk
+  INSERT), and the drain of captured changes by postbox against Debezium's plain change events.
 """
 
 from __future__ import annotations
@@ -46,10 +48,10 @@ from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS, QUEUE_BATCH_ROWS
 from tests.bench.harness.servers import PARTITIONS, BenchServers
 from tests.bench.harness.traffic import payload_of
-from tests.bench.parts import consumers, drain, latency, limits, longtx, tracing, webhooks
+from tests.bench.parts import capture, consumers, drain, latency, limits, longtx, tracing, webhooks
 from tests.debezium import debezium_version
 
-PARTS = ("limits", "drain", "latency", "longtx", "tracing", "consumers", "webhooks")
+PARTS = ("limits", "drain", "latency", "longtx", "tracing", "consumers", "webhooks", "capture")
 
 
 def main() -> int:
@@ -71,6 +73,12 @@ def main() -> int:
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     parser.add_argument(
         "--webhook-processes", type=int, nargs="+", default=[1, 2], help="the receiver's --workers to measure"
+    )
+    parser.add_argument(
+        "--capture-rows", type=int, default=100_000, help="capture: bulk INSERT and drain rows"
+    )
+    parser.add_argument(
+        "--capture-commits", type=int, default=2000, help="capture: single-row commits per run"
     )
     args = parser.parse_args()
     parts = set(args.only or PARTS)
@@ -122,6 +130,8 @@ def main() -> int:
             consumers.run_part(s, args, say)
         if "webhooks" in parts:
             webhooks.run_part(s, args, say)
+        if "capture" in parts:
+            capture.run_part(s, args, tools, say)
     finally:
         kafka.stop()
         postgres.stop()

@@ -7,15 +7,12 @@ partition, and the same order per aggregate. A consumer written for Debezium the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 
-from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
+from postbox.relay.devstack.postgres import LocalPostgres
 from postbox.relay.outbox import enqueue
-from tests.debezium import DebeziumConnect
-from tests.support.database import prepare_outbox
+from tests.debezium import DebeziumConnect, outbox_router_options
 from tests.support.kafka import Record, create_topic, read_topic
 from tests.support.modes import BOTH_MODES
 from tests.support.processes import RelayProcess
@@ -38,15 +35,6 @@ PAYLOADS: list[object] = [
 ]
 
 
-@pytest.fixture
-def logical_postgres(relay_mode: str) -> Iterator[LocalPostgres]:
-    """Debezium reads the WAL, so this test has a server of its own with wal_level=logical."""
-    postgres = LocalPostgres(find_bin_dir(), settings={"wal_level": "logical"}).start()
-    prepare_outbox(postgres.dsn, SCHEMA, relay_mode)
-    yield postgres
-    postgres.stop()
-
-
 def by_event_id(records: list[Record]) -> dict[bytes, Record]:
     return {r.headers["id"]: r for r in records}
 
@@ -65,9 +53,8 @@ def test_postbox_messages_match_debezium_outbox_router_byte_for_byte(
         logical_postgres.dsn,
         logical_postgres.port,
         servers.kafka_bootstrap,
-        SCHEMA,
+        outbox_router_options(SCHEMA, topic_replacement="debezium.${routedByValue}"),
         heap="512M",
-        topic_replacement="debezium.${routedByValue}",
     )
     try:
         wait_until(lambda: debezium.streaming(logical_postgres.dsn), 180, interval=0.5, what="Debezium up")

@@ -26,7 +26,7 @@ from postbox.relay.devstack.kafka import LocalKafka
 from postbox.relay.devstack.ports import free_port
 from postbox.relay.devstack.postgres import LocalPostgres
 from postbox.relay.outbox.admin import switch_mode
-from tests.debezium import DebeziumConnect
+from tests.debezium import DebeziumConnect, outbox_router_options
 from tests.support.kafka import create_topic
 from tests.support.processes import ChildProcess
 from tests.support.repo import REPO
@@ -155,7 +155,9 @@ def publishing(
             for relay in relays:
                 relay.__exit__()
         return
-    debezium = DebeziumConnect(s.postgres.dsn, s.postgres.port, s.kafka.bootstrap, SCHEMA)
+    debezium = DebeziumConnect(
+        s.postgres.dsn, s.postgres.port, s.kafka.bootstrap, outbox_router_options(SCHEMA)
+    )
     try:
         wait_until(lambda: debezium.streaming(s.postgres.dsn), 180, interval=0.5, what="Debezium streaming")
         yield [debezium]
