@@ -33,18 +33,17 @@ class CaptureOptions:
     time_precision_mode: str = "adaptive"
 
     def debezium_options(self) -> dict[str, str]:
-        """The options that differ from Debezium's defaults, by Debezium's names (stored with the capture)."""
-        chosen = {
+        """The options that differ from Debezium's defaults (this class's), by Debezium's names: what is
+        stored with the capture."""
+        defaults = CaptureOptions()._by_debezium_name()
+        return {name: value for name, value in self._by_debezium_name().items() if defaults[name] != value}
+
+    def _by_debezium_name(self) -> dict[str, str]:
+        return {
             "tombstones.on.delete": "true" if self.tombstones_on_delete else "false",
             "decimal.handling.mode": self.decimal_handling_mode,
             "time.precision.mode": self.time_precision_mode,
         }
-        defaults = {
-            "tombstones.on.delete": "true",
-            "decimal.handling.mode": "precise",
-            "time.precision.mode": "adaptive",
-        }
-        return {name: value for name, value in chosen.items() if defaults[name] != value}
 
 
 @dataclass(frozen=True)

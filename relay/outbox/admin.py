@@ -3,6 +3,8 @@ Shared by the CLI and daemon."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -185,13 +187,20 @@ def switch_mode(
         assert newest is not None
         tick = newest
         if mode == "log":
-            # The write guard (migration 0009) lets logged rows leave the log in this transaction only.
-            conn.execute("SELECT set_config('postbox.rebase', 'on', true)")
-            conn.execute(query(QUERIES, "log_unread_to_queue"))
-            conn.execute("SELECT set_config('postbox.rebase', 'off', true)")
+            with _rows_may_leave_the_log(conn):
+                conn.execute(query(QUERIES, "log_unread_to_queue"))
             conn.execute(query(QUERIES, "log_start_cursors"), {"tick": tick})
         conn.execute(query(QUERIES, "log_record_switch"), {"mode": mode, "tick": tick})
         return tick
+
+
+@contextlib.contextmanager
+def _rows_may_leave_the_log(conn: psycopg.Connection[tuple[object, ...]]) -> Iterator[None]:
+    """The write guard (migration 0009) lets logged rows leave the log only inside this, in the caller's
+    transaction (the setting is transaction-local, so an error on the way out leaves nothing behind)."""
+    conn.execute("SELECT set_config('postbox.rebase', 'on', true)")
+    yield
+    conn.execute("SELECT set_config('postbox.rebase', 'off', true)")
 
 
 MOVED_DATABASE_HELP = (
@@ -238,15 +247,13 @@ def rebase(conn: psycopg.Connection[tuple[object, ...]], schema: str, lock_timeo
                 "the outbox's log belongs to this cluster: nothing to rebase (stranded rows, if `postbox "
                 "relay status` shows any, go back with `postbox relay requeue --stranded`)"
             )
-        # The write guard (migration 0009) lets logged rows leave the log in this transaction only.
-        conn.execute("SELECT set_config('postbox.rebase', 'on', true)")
-        states = [str(r[0]) for r in conn.execute(query(QUERIES, "rebase_unread_to_queue"))]
-        conn.execute(query(QUERIES, "rebase_forget_ticks"))
-        _, tick = take_tick(conn, schema, 0.0, wait=True)
-        assert tick is not None
-        conn.execute(query(QUERIES, "rebase_cursors"), {"tick": tick})
-        conn.execute(query(QUERIES, "rebase_mode"), {"tick": tick})
-        conn.execute("SELECT set_config('postbox.rebase', 'off', true)")
+        with _rows_may_leave_the_log(conn):
+            states = [str(r[0]) for r in conn.execute(query(QUERIES, "rebase_unread_to_queue"))]
+            conn.execute(query(QUERIES, "rebase_forget_ticks"))
+            _, tick = take_tick(conn, schema, 0.0, wait=True)
+            assert tick is not None
+            conn.execute(query(QUERIES, "rebase_cursors"), {"tick": tick})
+            conn.execute(query(QUERIES, "rebase_mode"), {"tick": tick})
         return Rebased(states.count("pending"), states.count("published"), tick)
 
 

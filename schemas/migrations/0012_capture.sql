@@ -28,9 +28,6 @@ CREATE TABLE outbox_capture (
     snapshot_after  text[],
     snapshot_started_at timestamptz,
     snapshot_done_at    timestamptz,
-    -- What the table's trigger function was made for (outbox_capture_shape: its columns and key). A
-    -- statement that finds the table changed renders from the catalog and makes the function again.
-    shape           text,
     -- The table's trigger function (outbox_capture_make_function), named once, when first captured: the
     -- name outlives a dump and restore, which gives the table another oid.
     trigger_function text,
@@ -442,27 +439,27 @@ DECLARE
     v_texts text[] := outbox_capture_source(%3$L, %1$L, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'false');
     capture outbox_capture;
 BEGIN
-    IF outbox_capture_shape(TG_RELID) IS DISTINCT FROM %5$L THEN
+    IF outbox_capture_shape(TG_RELID) IS DISTINCT FROM %4$L THEN
         -- The table changed since this function was made: this statement from the catalog, and the
         -- function made again for the next (unless another session is making it now).
         SELECT * INTO STRICT capture FROM outbox_capture WHERE table_id = TG_RELID;
-        IF pg_try_advisory_xact_lock(%6$s, (TG_RELID::bigint - 2147483648)::integer)
+        IF pg_try_advisory_xact_lock(%5$s, (TG_RELID::bigint - 2147483648)::integer)
            AND EXISTS (SELECT FROM outbox_capture WHERE table_id = TG_RELID FOR UPDATE SKIP LOCKED) THEN
             PERFORM outbox_capture_make_function(TG_RELID);
         END IF;
         EXECUTE outbox_capture_statement_sql(capture, TG_OP, ARRAY['$1', '$2', '$3', '$4', '$5'])
             USING v_type, v_topic, v_tombstones, v_texts[1], v_texts[2];
     ELSIF TG_OP = 'INSERT' THEN
-        %7$s;
+        %6$s;
     ELSIF TG_OP = 'DELETE' THEN
-        %8$s;
+        %7$s;
     ELSE
-        %9$s;
+        %8$s;
     END IF;
     RETURN NULL;
 END;
 $template$, capture.topic_prefix, coalesce((capture.options ->> 'tombstones.on.delete')::boolean, true),
-                   capture.source_version, NULL, outbox_capture_shape(captured),
+                   capture.source_version, outbox_capture_shape(captured),
                    hashtext('postbox capture'),
                    outbox_capture_statement_sql(capture, 'INSERT', refs),
                    outbox_capture_statement_sql(capture, 'DELETE', refs),
@@ -481,8 +478,8 @@ $template$, capture.topic_prefix, coalesce((capture.options ->> 'tombstones.on.d
     -- Only its owner may attach it to a table (EXECUTE is checked by CREATE TRIGGER): it renders this
     -- table's columns, and writes to the outbox with its owner's rights.
     EXECUTE format('REVOKE ALL ON FUNCTION %I.%I() FROM PUBLIC', current_schema(), name);
-    UPDATE outbox_capture SET shape = outbox_capture_shape(captured), trigger_function = name
-    WHERE table_id = captured;
+    UPDATE outbox_capture SET trigger_function = name
+    WHERE table_id = captured AND trigger_function IS DISTINCT FROM name;
     RETURN format('%I.%I()', current_schema(), name)::regprocedure;
 END;
 $$;
@@ -578,7 +575,7 @@ BEGIN
     EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', captured);
     PERFORM pg_advisory_xact_lock(hashtext('postbox capture'), (captured::oid::bigint - 2147483648)::integer);
     capture := ROW(captured, topic_prefix, columns, exclude_columns, key_columns, options,
-                   coalesce(source_version, 'postbox'), now(), NULL, NULL, NULL, NULL, NULL);
+                   coalesce(source_version, 'postbox'), now(), NULL, NULL, NULL, NULL);
     IF NOT EXISTS (SELECT FROM outbox_capture_key_columns(capture)) THEN
         RAISE EXCEPTION 'postbox capture: % has no primary key', captured USING ERRCODE = '42P10',
             HINT = 'name the columns that identify a row: --key-columns (key_columns => ''{...}'')';
