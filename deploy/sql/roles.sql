@@ -55,6 +55,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".outbox_relay_member TO postbox
 GRANT SELECT, INSERT, DELETE ON :"schema".outbox_tick TO postbox_relay;
 GRANT SELECT, UPDATE ON :"schema".outbox_cursor TO postbox_relay;
 GRANT SELECT ON :"schema".outbox_mode TO postbox_relay;
+GRANT SELECT ON :"schema".outbox_identity TO postbox_relay;  -- --exactly-once names its topic after it
 -- The stranded-rows check (migration 0009): committed rows no cursor will reach.
 GRANT SELECT ON :"schema".outbox_stranded TO postbox_relay;
 -- The outbox's partitions (migration 0007): created ahead, emptied and dropped by a function that runs

@@ -30,6 +30,8 @@ from postbox.relay.outbox.routing import (
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, Page
 
 if TYPE_CHECKING:
+    from postbox.relay.outbox.exactly_once.settlement import Plan
+    from postbox.relay.outbox.exactly_once.transactions import OpenTransaction
     from postbox.relay.outbox.tracing import PublishSpans
 
 log = structlog.get_logger("postbox.relay")
@@ -58,6 +60,17 @@ class InFlight:
     claimed_at: float = 0.0
     claim_seconds: float = 0.0
     spans: list[Any] | None = None  # one publish span per message sent, when tracing is on
+    transaction: GroupTransaction | None = None  # exactly-once: the batch's plan and Kafka transaction
+
+
+@dataclass
+class GroupTransaction:
+    """Exactly-once: a batch's plan and its group's open Kafka transaction (None when it sends nothing)."""
+
+    group: int
+    plan: Plan
+    open: OpenTransaction | None
+    sent_before: list[int]  # the rows prepared to be sent, before the plan kept those it sends
 
 
 @dataclass

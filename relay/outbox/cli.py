@@ -98,7 +98,19 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
         )
     except Exception as exc:  # noqa: BLE001  (librdkafka rejects bad properties here; name them)
         parser.error(f"kafka-config: {exc}")
-    relay = Relay(settings, publisher, metrics, connect_db, tracing)
+    transactions = None
+    if settings.exactly_once:
+        from postbox.relay.outbox.exactly_once.transactions import Transactions  # noqa: PLC0415
+
+        transactions = Transactions(
+            settings.transactional_config(),
+            relay_id=settings.relay_id,
+            metrics=metrics,
+            # A group is opened on the relay's main loop, and a commit waits in a lane: either must leave
+            # the leases time to be renewed.
+            timeout=min(10.0, settings.lease_ttl / 3),
+        )
+    relay = Relay(settings, publisher, metrics, connect_db, tracing, transactions)
     relay.install_signal_handlers()
     log.info("relay_ops_listening", address=settings.metrics_address)
     with tracing, serving(settings.metrics_address, registry, relay.healthy, relay.ready):

@@ -25,12 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
+from confluent_kafka import KafkaException
 from psycopg.types.string import TextLoader
 
 from postbox.relay.core.backoff import backoff_delay
@@ -39,21 +41,36 @@ from postbox.relay.core.db import advisory_key, describe_error, transient_databa
 from postbox.relay.core.sql import query
 from postbox.relay.core.tracing import TRACING_OFF, Tracing
 from postbox.relay.outbox import admin
-from postbox.relay.outbox.batch import InFlight, Preparer
+from postbox.relay.outbox.batch import GroupTransaction, InFlight, Prepared, Preparer
 from postbox.relay.outbox.batch_report import report_batch
 from postbox.relay.outbox.errors import Disposition
+from postbox.relay.outbox.exactly_once.groups import (
+    GROUP_SHARDS,
+    groups_in,
+    shards_of,
+    split_groups,
+    whole_groups,
+)
+from postbox.relay.outbox.exactly_once.settlement import Settlement, plan
+from postbox.relay.outbox.exactly_once.transactions import (
+    Ending,
+    GroupNotReady,
+    OpenTransaction,
+    Transactions,
+)
+from postbox.relay.outbox.exactly_once.write_back import ForeignSettlement, outbox_identity, write_back
 from postbox.relay.outbox.held import HeldAggregates
 from postbox.relay.outbox.housekeeping import CENSUS_SECONDS, Housekeeping, Steps
 from postbox.relay.outbox.lane_turns import LaneTurns
 from postbox.relay.outbox.leases import LeaseKeeper
 from postbox.relay.outbox.metrics import RelayMetrics
-from postbox.relay.outbox.outcome import Delivery, decide
+from postbox.relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
 from postbox.relay.outbox.publisher import Publisher
 from postbox.relay.outbox.relay_id import RelayIdInUse, lock_relay_id
 from postbox.relay.outbox.routing import TopicRoutes
 from postbox.relay.outbox.settings import RelaySettings
 from postbox.relay.outbox.shares import split_lanes
-from postbox.relay.outbox.sources.base import BatchSource, ReadLimits, RelayConfigurationError
+from postbox.relay.outbox.sources.base import BatchSource, Page, ReadLimits, RelayConfigurationError
 from postbox.relay.outbox.sources.choice import make_source, mode_to_read
 from postbox.relay.outbox.sources.queue import Claimer
 from postbox.relay.outbox.topic_gate import TopicGate
@@ -81,7 +98,10 @@ class Relay:
         metrics: RelayMetrics,
         connect: Callable[[bool], Connection],
         tracing: Tracing = TRACING_OFF,
+        transactions: Transactions | None = None,
     ) -> None:
+        """transactions: with --exactly-once, the groups' transactional producers (each batch is then one
+        Kafka transaction of one group's shards, and `publisher` only answers about topics and brokers)."""
         self.settings = settings
         self.publisher = publisher
         self.metrics = metrics
@@ -108,6 +128,15 @@ class Relay:
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
         self._failed_batches = 0
+        self._transactions = transactions
+        self._outbox_identity = ""  # exactly-once: read at each connect (see Settlement.outbox)
+        # Exactly-once: when each group last had a batch (a lane serves its groups in turn), and the fates
+        # an aborted transaction learned for its rows (a message the broker refused for good), by row id,
+        # for the next attempt at them to park them instead of sending them.
+        self._group_served: dict[int, int] = {}
+        self._learned: dict[int, Delivery] = {}
+        self._suspects: set[int] = set()  # refused together with others: each is tried alone (see plan)
+        self._learning = threading.Lock()  # the lanes' threads share both
         self._woke_at = 0.0  # wall clock: when the last wait ended (a NOTIFY, the poll interval, a stop)
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
@@ -203,6 +232,9 @@ class Relay:
         lock_relay_id(self._lease_conn, self.settings.schema, self.settings.relay_id, self.settings.lease_ttl)
         self._waiting_for_id = None
         self._check_mode(self._lease_conn)
+        if self._transactions is not None:
+            self._outbox_identity = outbox_identity(self._lease_conn)
+            self._transactions.bind(self.settings.transactional_prefix(self._outbox_identity))
         if self.settings.delete_on_publish:
             allowed = self._lease_conn.execute(query(QUERIES, "may_delete")).fetchone()
             if not (allowed and allowed[0]):
@@ -221,7 +253,12 @@ class Relay:
             # Its own connection, used for nothing else, so no notification is consumed by another query.
             self._listen_conn = self._connect(True)
             self._listen_conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        self.leases = LeaseKeeper(self._lease_conn, self.settings.relay_id, self.settings.lease_ttl)
+        self.leases = LeaseKeeper(
+            self._lease_conn,
+            self.settings.relay_id,
+            self.settings.lease_ttl,
+            group_shards=1 if self._transactions is None else GROUP_SHARDS,
+        )
         self._housekeeping = Housekeeping(
             self._connect,
             self.metrics,
@@ -242,6 +279,11 @@ class Relay:
         idle relay, or one cut off from the database, finds it here."""
         current = self._source
         mode, reason = mode_to_read(conn, self.settings.mode, current.name if current is not None else None)
+        if self._transactions is not None and mode != "log":
+            raise RelayConfigurationError(
+                "--exactly-once needs log mode, and the outbox is in queue mode (postbox relay switch-mode "
+                "log; a queue-mode relay marks each row after its ack, which no Kafka transaction includes)"
+            )
         if current is not None and current.name == mode:
             return
         if current is not None and self._lease_conn is not None:
@@ -257,6 +299,35 @@ class Relay:
         # Once at the start (reason "--mode" when pinned), and at every change of modes under --mode auto.
         log.info("relay_mode_followed", mode=mode, batch_size=self._source.rows_per_batch, reason=reason)
 
+    def _sync_groups(self, transactions: Transactions, owned: frozenset[int]) -> None:
+        """Exactly-once, at a lease turn (no batch in flight): open the producers of the groups now owned
+        whole, each after its last settlement is read back and written where the database lacks it; close
+        those of groups given up. The cursor topic is made first, once."""
+        try:
+            transactions.ensure_cursor_topic()
+        except (KafkaException, GroupNotReady) as exc:
+            log.warning("relay_cursor_topic_unavailable", topic=transactions.cursor_topic, error=str(exc))
+            return
+        except ValueError as exc:
+            raise RelayConfigurationError(str(exc)) from None
+        assert self.leases is not None
+        lease_conn = self._lease_conn
+        assert lease_conn is not None
+        # A group with a shard whose lease lapsed since the last tick may have been another's meanwhile,
+        # or have a settlement its database commit lost (a fenced mark): opened again, read back, even when
+        # the tick took it straight back.
+        for group in groups_in(self.leases.lost):
+            transactions.drop(group)
+
+        def settle(settlement: Settlement) -> bool:
+            with self._lease_lock:
+                return write_back(lease_conn, self._claimer, settlement)
+
+        try:
+            transactions.sync(whole_groups(owned), settle, self._keep_leases)
+        except ForeignSettlement as exc:
+            raise RelayConfigurationError(str(exc)) from None
+
     def _tick_conn(self) -> Connection:
         assert self._lease_conn is not None
         return self._lease_conn
@@ -269,6 +340,10 @@ class Relay:
 
     def _disconnect(self) -> None:
         self.connected = False
+        if self._transactions is not None:
+            # A batch's Kafka transaction may have committed without its database commit: every group is
+            # read back before it publishes again.
+            self._transactions.drop_all()
         if self._housekeeping is not None:
             self._housekeeping.stop()
             self._housekeeping = None
@@ -284,6 +359,8 @@ class Relay:
             self._lane_pool.shutdown(wait=True)  # drain() returned: no lane has a batch in flight
             self._lane_pool = None
         self.publisher.close(self.settings.delivery_timeout)
+        if self._transactions is not None:
+            self._transactions.close()
         if self.leases is not None:
             try:
                 if self._source is not None and self._lease_conn is not None:
@@ -327,6 +404,8 @@ class Relay:
             yield "blocked topics: " + ", ".join(f"{t} ({r})" for t, r in blocked.items())
         if self.leases is None or not self.leases.owned:
             yield "owns no shard yet"
+        elif self._transactions is not None and not self._transactions.ready:
+            yield "exactly-once: no group of shards open yet (init_transactions and read-back pending)"
 
     # -- one turn of the loop --------------------------------------------------------------------------
 
@@ -340,10 +419,13 @@ class Relay:
             owned = self.leases.tick()
             steps.done("lease_tick")
             self.metrics.shards_owned.set(len(owned))
-            self.metrics.leases_lost.inc(self.leases.lost_in_last_tick)
+            self.metrics.leases_lost.inc(len(self.leases.lost))
             assert self._lease_conn is not None
             self._check_mode(self._lease_conn)
             steps.done("check_mode")
+            if self._transactions is not None:
+                self._sync_groups(self._transactions, owned)
+                steps.done("groups")
             self._refresh_held(frozenset(owned))
             steps.done("held")
             log.debug("relay_lease_turn", began_at=steps.began_at, ms=steps.ms)
@@ -366,13 +448,12 @@ class Relay:
         begun is finished before returning: leases change only with nothing in flight. True when some
         lane's last batch was full (rows may be waiting)."""
         assert self.leases is not None
-        lanes = list(
-            zip(
-                self._batch_conns,
-                split_lanes(sorted(self.leases.owned), len(self._batch_conns)),
-                strict=False,
-            )
-        )
+        if self._transactions is None:
+            dealt = split_lanes(sorted(self.leases.owned), len(self._batch_conns))
+        else:  # a group's shards stay in one lane: its producer has one transaction at a time
+            ready = sorted(g for g in self._transactions.ready if g in whole_groups(self.leases.owned))
+            dealt = split_groups(ready, len(self._batch_conns))
+        lanes = list(zip(self._batch_conns, dealt, strict=False))
         self._lane_failed.clear()
         turns = LaneTurns(len(lanes))
         if len(lanes) <= 1:
@@ -434,7 +515,21 @@ class Relay:
 
     def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
         """Read the lane's next page (opening the batch's transaction) and hand its messages to the
-        producer; None, with the transaction closed, when there is nothing to do."""
+        producer; None, with the transaction closed, when there is nothing to do. Exactly-once: the page
+        of one group of the lane's, the one served longest ago that has rows."""
+        if self._transactions is None:
+            return self._read_batch(conn, lane, None)
+        ready = self._transactions.ready  # a group dropped mid-drain (fenced, failed) is opened at the tick
+        for group in sorted(groups_in(lane), key=lambda g: self._group_served.get(g, 0)):
+            if group not in ready:
+                continue
+            batch = self._read_batch(conn, shards_of(group), group)
+            if batch is not None:
+                self._group_served[group] = time.monotonic_ns()
+                return batch
+        return None
+
+    def _read_batch(self, conn: Connection, lane: list[int], group: int | None) -> InFlight | None:
         assert self.leases is not None
         assert self._source is not None
         started = time.perf_counter()
@@ -458,8 +553,23 @@ class Relay:
         spans = None
         if self._preparer.spans is not None and prepared.messages:
             spans = self._preparer.start_spans(prepared)
-        messages = prepared.messages
-        sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
+        transaction = None
+        if group is None:
+            messages = prepared.messages
+            sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
+        else:
+            assert self._transactions is not None
+            transaction = self._begin_transaction(self._transactions, group, page, prepared)
+            if transaction.open is None and transaction.plan.send:
+                # The group's producer could not begin (fenced by a newer owner, or failed): nothing was
+                # sent; the batch is read again once the group is opened again, at the lease tick.
+                conn.rollback()
+                self.leases.recheck_now()
+                return None
+            if spans is not None:  # the plan may send fewer rows than were prepared
+                planned = set(transaction.plan.send)
+                spans = [span for i, span in zip(transaction.sent_before, spans, strict=True) if i in planned]
+            sending = transaction.open.sending if transaction.open is not None else None
         return InFlight(
             conn,
             lane,
@@ -475,26 +585,57 @@ class Relay:
             claimed_at,
             claim_seconds,
             spans,
+            transaction,
         )
 
+    def _begin_transaction(
+        self, transactions: Transactions, group: int, page: Page, prepared: Prepared
+    ) -> GroupTransaction:
+        """Exactly-once: plan the batch (which rows it sends, what it writes back), then begin its group's
+        transaction with those rows' messages and the settlement; `prepared` is trimmed to the rows sent.
+        With nothing to send, no transaction: the batch then only parks rows and moves cursors, in the
+        database alone (none of its rows reaches Kafka, so no crash can leave Kafka ahead of it)."""
+        rows = prepared.rows
+        ids = list(map(_ID, rows))
+        with self._learning:
+            learned = {i: self._learned[i] for i in ids if i in self._learned} if self._learned else None
+            suspects = frozenset(i for i in ids if i in self._suspects) if self._suspects else frozenset()
+        planned = plan(
+            ids,
+            list(map(_AGGREGATE_ID, rows)),
+            [r.shard for r in rows],
+            prepared.deliveries,
+            page.read_past,
+            learned,
+            suspects,
+        )
+        sent_before = prepared.sent
+        by_row = dict(zip(sent_before, prepared.messages, strict=True))
+        messages = [by_row[i] for i in planned.send]
+        prepared.sent, prepared.messages = planned.send, messages
+        if not messages:
+            return GroupTransaction(group, planned, None, sent_before)
+        settlement = replace(page.settlement(group, planned.outcome), outbox=self._outbox_identity)
+        return GroupTransaction(group, planned, transactions.begin(group, messages, settlement), sent_before)
+
     def _finish(self, batch: InFlight) -> None:
-        """Wait for the batch's delivery reports, mark its rows in its transaction, commit."""
+        """Wait for the batch's delivery reports, mark its rows in its transaction, commit. Exactly-once:
+        commit the batch's Kafka transaction first (or abort it, and roll the database back)."""
         assert self.leases is not None
         deliveries = batch.deliveries
+        transaction = batch.transaction
         if batch.sending is not None:
-            reports = batch.sending.wait(self._keep_leases)
+            if transaction is not None and transaction.open is not None:
+                assert self._transactions is not None
+                reports = self._transactions.wait(transaction.open, self._keep_leases)
+            else:
+                reports = batch.sending.wait(self._keep_leases)
             for index, report in zip(batch.sent, reports, strict=True):
                 deliveries[index] = report
         acked_at = time.time()
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
         ids = list(map(_ID, rows))  # map with an attrgetter: about half a list comprehension's cost
-        outcome = decide(ids, list(map(_AGGREGATE_ID, rows)), final)
-        if batch.spans is not None and batch.sending is not None:
-            assert self._preparer.spans is not None
-            sent = batch.sent
-            states = [outcome.rows[i].state for i in sent]
-            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
         for index, delivery in enumerate(final):
             if delivery.disposition is Disposition.TOPIC_BLOCKED or (
                 delivery.disposition is Disposition.HOLD and delivery.held_for == batch.topics[index]
@@ -504,15 +645,106 @@ class Relay:
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
+        if transaction is None:
+            outcome = decide(ids, list(map(_AGGREGATE_ID, rows)), final)
+        else:
+            settled = self._end_transaction(batch, transaction, final)
+            if settled is None:
+                return
+            outcome = settled
+        if batch.spans is not None and batch.sending is not None:
+            assert self._preparer.spans is not None
+            sent = batch.sent
+            states = [outcome.rows[i].state for i in sent]
+            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
         marked = batch.page.mark(batch.conn, outcome)
         batch.conn.commit()
         report_batch(self.metrics, batch, outcome, marked, acked_at)
         if marked < len(rows):
             # Our lease on some shard expired mid-batch: drain() ends (no further batch on the lost shards)
-            # and _turn ticks the leases again.
+            # and _turn ticks the leases again. Exactly-once: the batch's settlement is in Kafka and not in
+            # the database, so whoever opens the group next (this relay too) reads it back first.
+            if transaction is not None and self._transactions is not None:
+                self._transactions.drop(transaction.group)
             self.leases.recheck_now()
         # A batch where nothing got through (the broker is struggling) makes drain() back off.
         self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
+
+    def _end_transaction(
+        self, batch: InFlight, transaction: GroupTransaction, final: list[Delivery]
+    ) -> BatchOutcome | None:
+        """Exactly-once: commit the batch's transaction when every message and the settlement were
+        delivered, and return the planned outcome for the database to write. Otherwise abort it (nothing of
+        it is visible to read_committed consumers), roll the database back and return None: the batch is
+        read again, its rows refused for good (parked by the broker's word) parked by the plan, the
+        others sent again after a backoff. A commit whose outcome is unknown also rolls back: the group is
+        opened again, and its settlement read back, before it publishes again."""
+        assert self._transactions is not None
+        assert self.leases is not None
+        open_transaction = transaction.open
+        if open_transaction is None:  # nothing sent: the database alone settles the batch
+            self._forget_settled(transaction.plan.outcome)
+            return transaction.plan.outcome
+        failed = [(i, final[i]) for i in batch.sent if final[i].disposition is not None]
+        settlement = self._transactions.settlement_delivered(open_transaction)
+        if failed or settlement.disposition is not None:
+            self._abort(batch, transaction.group, open_transaction, failed, settlement)
+            return None
+        ending = self._transactions.commit(open_transaction)
+        if ending is not Ending.COMMITTED:  # the group's producer was dropped: see Transactions.commit
+            batch.conn.rollback()
+            self._failed_batches += 1
+            self.leases.recheck_now()  # the group is opened again, and read back, at the tick
+            return None
+        self._forget_settled(transaction.plan.outcome)
+        return transaction.plan.outcome
+
+    def _forget_settled(self, outcome: BatchOutcome) -> None:
+        """Rows published or parked need no learned fate any more (a row requeued later is tried anew)."""
+        with self._learning:
+            if self._learned or self._suspects:
+                for row in outcome.rows:
+                    if row.state is not RowState.PENDING:
+                        self._learned.pop(row.row_id, None)
+                        self._suspects.discard(row.row_id)
+
+    def _abort(
+        self,
+        batch: InFlight,
+        group: int,
+        open_transaction: OpenTransaction,
+        failed: list[tuple[int, Delivery]],
+        settlement: Delivery,
+    ) -> None:
+        """Abort a batch's transaction that a message or its settlement did not make, and roll the database
+        back; learn what the broker refused for good, for the next attempt's plan."""
+        assert self._transactions is not None
+        assert self.leases is not None
+        ending = self._transactions.abort(open_transaction)
+        batch.conn.rollback()
+        rows = batch.rows
+        refused = [(index, d) for index, d in failed if d.disposition is Disposition.PARK]
+        with self._learning:
+            if len(refused) == 1 or len(batch.sent) == 1:  # the broker answered for this row alone
+                for index, delivery in refused:
+                    self._learned[rows[index].id] = delivery
+            else:  # it answers for a whole request: which of its rows is at fault is found one by one
+                self._suspects.update(rows[index].id for index, _ in refused)
+            if len(self._learned) + len(self._suspects) > 100_000:  # bounded: learned again if needed
+                self._learned.clear()
+                self._suspects.clear()
+        # The abort dropped the group's producer: it is opened again, and read back, at the tick.
+        self.leases.recheck_now()
+        reasons = {d.reason or "" for _, d in failed} | ({settlement.reason} if settlement.reason else set())
+        log.warning(
+            "relay_transaction_aborted",
+            group=group,
+            failed=len(failed),
+            reasons=sorted(reasons)[:5],
+            ending=ending.value,
+        )
+        if not refused:
+            self._failed_batches += 1  # a broker that struggles: back off before the next batch
 
     def _check_topic(self, topic: str) -> Delivery | None:
         """The topic's verdict (None: it takes messages); the leases are renewed while it waits for the

@@ -11,22 +11,34 @@ import psycopg
 import structlog
 
 from postbox.relay.core.sql import query
-from postbox.relay.outbox.shares import fair_share
+from postbox.relay.outbox.shares import SHARD_COUNT, fair_share
 
 QUERIES = Path(__file__).with_name("queries.sql")
 log = structlog.get_logger("postbox.relay.leases")
 
 
 class LeaseKeeper:
-    def __init__(self, conn: psycopg.Connection[tuple[object, ...]], relay_id: str, ttl: float) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        relay_id: str,
+        ttl: float,
+        group_shards: int = 1,
+    ) -> None:
+        """group_shards: leases are taken and given in whole groups of this many shards (exactly-once);
+        shards of a group held only in part are given back."""
         assert conn.autocommit, "leases change on their own, outside any batch transaction"
+        assert SHARD_COUNT % group_shards == 0
+        self._group_shards = group_shards
         self._conn = conn
         self._relay_id = relay_id
         self._ttl = timedelta(seconds=ttl)
         self._renew_every = ttl / 3
         self._next_tick = 0.0
         self.owned: frozenset[int] = frozenset()
-        self.lost_in_last_tick = 0  # shards whose lease expired while we held them, found by the last tick
+        self.lost: frozenset[int] = (
+            frozenset()
+        )  # shards whose lease expired while held, found by the last tick
 
     def _params(self, **extra: object) -> dict[str, object]:
         return {"relay_id": self._relay_id, "ttl": self._ttl, **extra}
@@ -47,7 +59,7 @@ class LeaseKeeper:
         conn.execute(query(QUERIES, "heartbeat"), self._params())
         renewed = {int(str(r[0])) for r in conn.execute(query(QUERIES, "renew_leases"), self._params())}
         lost = self.owned - renewed
-        self.lost_in_last_tick = len(lost)
+        self.lost = frozenset(lost)
         if lost:
             log.warning("relay_leases_lost", shards=sorted(lost))
         for relay_id, sessions in conn.execute(query(QUERIES, "fence_expired_members"), self._params()):
@@ -55,10 +67,23 @@ class LeaseKeeper:
                 "relay_expired_member_fenced", member=str(relay_id), sessions_ended=int(str(sessions))
             )
         members = [str(r[0]) for r in conn.execute(query(QUERIES, "live_members"), self._params())]
-        target = fair_share(self._relay_id, members)
+        size = self._group_shards
+        target = fair_share(self._relay_id, members, SHARD_COUNT // size) * size
         held = set(renewed)
+        if size > 1:
+            partial = [s for s in held if not held.issuperset(range(s - s % size, s - s % size + size))]
+            if partial:
+                conn.execute(query(QUERIES, "release_leases"), self._params(shards=partial))
+                log.info("relay_partial_groups_released", shards=sorted(partial))
+                held -= set(partial)
         if len(held) < target:
-            rows = conn.execute(query(QUERIES, "acquire_leases"), self._params(wanted=target - len(held)))
+            if size > 1:
+                wanted = (target - len(held)) // size
+                rows = conn.execute(
+                    query(QUERIES, "acquire_lease_groups"), self._params(wanted=wanted, group_shards=size)
+                )
+            else:
+                rows = conn.execute(query(QUERIES, "acquire_leases"), self._params(wanted=target - len(held)))
             taken = {int(str(r[0])) for r in rows}
             if taken:
                 log.info("relay_shards_acquired", count=len(taken), owned=len(held) + len(taken))

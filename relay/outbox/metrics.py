@@ -220,6 +220,33 @@ class RelayMetrics:
             "Topics held back by a configuration error (unknown, not authorised)",
             registry=registry,
         )
+        # Exactly-once (--exactly-once): one Kafka transaction per batch.
+        self.transactions = Counter(
+            "postbox_relay_transactions_total",
+            "Exactly-once: batch transactions by how they ended: committed, aborted (nothing of the batch "
+            "is visible to read_committed consumers; tried again), unknown (the producer was replaced and "
+            "the group read back)",
+            ["ending"],
+            registry=registry,
+        )
+        self.transaction_seconds = Histogram(
+            "postbox_relay_transaction_duration_seconds",
+            "Exactly-once: from begin_transaction to the end of the commit or abort",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.open_transaction_seconds = Gauge(
+            "postbox_relay_open_transaction_age_seconds",
+            "Exactly-once: age of this replica's oldest open transaction (0: none); read_committed "
+            "consumers of its partitions see nothing past it until it ends (transaction.timeout.ms at most)",
+            registry=registry,
+        )
+        self.groups_ready = Gauge(
+            "postbox_relay_exactly_once_groups_ready",
+            "Exactly-once: groups of shards this replica owns whose transactional producer is open and whose "
+            "last settlement is read back",
+            registry=registry,
+        )
 
 
 def record_librdkafka_statistics(metrics: RelayMetrics, stats_json: str) -> None:

@@ -265,28 +265,39 @@ class KafkaPublisher:
         return None, False
 
     def send(self, messages: Sequence[Message], *, record_acks: bool = False) -> KafkaSending:
-        sending = KafkaSending(self._producer, messages, self._delivery_timeout, self._delivered, record_acks)
-        report: Callable[[KafkaError | None, Any], None] = sending.on_delivery
-        for index, message in enumerate(messages):
-            if record_acks:
-                report = sending.reporter(index)
-            while True:
-                try:
-                    self._producer.produce(
-                        message.topic, message.value, message.key, headers=message.headers, on_delivery=report
-                    )
-                    sending.produced += 1
-                    break
-                except BufferError:
-                    self._producer.poll(0.05)  # local queue full: serve delivery reports, then try again
-                except KafkaException as exc:
-                    error = exc.args[0]
-                    sending.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
-                    break
-        return sending
+        return send_all(self._producer, messages, self._delivery_timeout, self._delivered, record_acks)
 
     def close(self, timeout: float) -> None:
         self._producer.flush(timeout)
+
+
+def send_all(
+    producer: Producer,
+    messages: Sequence[Message],
+    delivery_timeout: float,
+    on_delivered: Callable[[], None],
+    record_acks: bool = False,
+) -> KafkaSending:
+    """Hand every message to `producer` (waiting while its local queue is full); the reports to wait for."""
+    sending = KafkaSending(producer, messages, delivery_timeout, on_delivered, record_acks)
+    report: Callable[[KafkaError | None, Any], None] = sending.on_delivery
+    for index, message in enumerate(messages):
+        if record_acks:
+            report = sending.reporter(index)
+        while True:
+            try:
+                producer.produce(
+                    message.topic, message.value, message.key, headers=message.headers, on_delivery=report
+                )
+                sending.produced += 1
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: serve delivery reports, then try again
+            except KafkaException as exc:
+                error = exc.args[0]
+                sending.results[index] = Delivery(classify(error.code(), error.fatal()), error.str())
+                break
+    return sending
 
 
 def _undecided(verdict: Delivery | None) -> bool:

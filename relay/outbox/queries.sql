@@ -77,6 +77,8 @@ SELECT set_config('enable_sort', 'off', false),
 -- name: mark_batch
 -- One statement for the whole batch: published, parked (failed) and to-retry rows, each with its reason.
 -- The fence: only rows of shards whose lease this replica still holds (by the database clock) change.
+-- Only pending rows: the batch's own are (it holds their locks); an exactly-once relay writing a batch's
+-- settlement back after a crash (relay.outbox.exactly_once) must not touch a row marked since.
 WITH outcome AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(errors)s::text[]) AS o(id, state, error)
 ), held AS (
@@ -89,7 +91,7 @@ SET state        = o.state,
     attempts     = least(t.attempts, 2147483646) + 1,  -- a writer's absurd value must not fail the mark
     last_error   = o.error
 FROM outcome AS o
-WHERE t.id = o.id AND t.shard IN (SELECT shard FROM held)
+WHERE t.id = o.id AND t.state = 'pending' AND t.shard IN (SELECT shard FROM held)
 RETURNING t.id
 
 -- name: mark_batch_deleting
@@ -105,7 +107,7 @@ WITH outcome AS (
 ), deleted AS (
     DELETE FROM outbox AS t
     USING outcome AS o
-    WHERE o.state = 'published' AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
+    WHERE o.state = 'published' AND t.id = o.id AND t.state = 'pending' AND t.shard IN (SELECT shard FROM held)
     RETURNING t.id
 ), updated AS (
     UPDATE outbox AS t
@@ -113,7 +115,7 @@ WITH outcome AS (
         attempts   = least(t.attempts, 2147483646) + 1,
         last_error = o.error
     FROM outcome AS o
-    WHERE o.state <> 'published' AND t.id = o.id AND t.shard IN (SELECT shard FROM held)
+    WHERE o.state <> 'published' AND t.id = o.id AND t.state = 'pending' AND t.shard IN (SELECT shard FROM held)
     RETURNING t.id
 )
 SELECT id FROM deleted UNION ALL SELECT id FROM updated
@@ -191,6 +193,31 @@ WHERE l.shard IN (
     LIMIT %(wanted)s
     FOR UPDATE SKIP LOCKED)
 RETURNING l.shard
+
+-- name: acquire_lease_groups
+-- Exactly-once: whole groups of shards (shard / group_shards), each only when every shard of it is free,
+-- so that one replica's transactional producer speaks for a group (relay.outbox.exactly_once.groups).
+WITH free AS MATERIALIZED (
+    SELECT shard FROM outbox_shard_lease
+    WHERE owner IS NULL OR expires_at <= clock_timestamp()
+    ORDER BY shard
+    FOR UPDATE SKIP LOCKED
+), whole AS (
+    SELECT shard / %(group_shards)s AS grp FROM free
+    GROUP BY 1 HAVING count(*) = %(group_shards)s
+    ORDER BY 1
+    LIMIT %(wanted)s
+)
+UPDATE outbox_shard_lease AS l
+SET owner = %(relay_id)s, expires_at = clock_timestamp() + %(ttl)s::interval, acquired_at = clock_timestamp()
+WHERE l.shard IN (SELECT f.shard FROM free AS f WHERE f.shard / %(group_shards)s IN (SELECT grp FROM whole))
+RETURNING l.shard
+
+-- name: release_leases
+-- These shards' leases, given back (exactly-once: the shards of a group held only in part).
+UPDATE outbox_shard_lease SET owner = NULL, expires_at = NULL
+WHERE owner = %(relay_id)s AND shard = ANY (%(shards)s::integer[])
+RETURNING shard
 
 -- name: release_some_leases
 UPDATE outbox_shard_lease
@@ -403,6 +430,55 @@ WHERE c.shard = u.shard
   AND c.shard IN (SELECT shard FROM outbox_shard_lease
                   WHERE owner = %(relay_id)s AND expires_at > clock_timestamp())
 RETURNING c.shard
+
+-- name: settle_cursors
+-- Exactly-once: a batch's cursor moves, read back from its Kafka transaction after a crash between that
+-- commit and the database's. A cursor moves only if it still stands where the batch found it: one the
+-- batch's own commit moved, or that moved on since, stays. Fenced on the leases like log_advance.
+UPDATE outbox_cursor AS c
+SET tick = u.tick, window_to = u.window_to, last_id = u.last_id, max_id = u.max_id,
+    updated_at = clock_timestamp()
+FROM unnest(%(shards)s::integer[],
+            %(from_ticks)s::bigint[], %(from_window_tos)s::bigint[], %(from_last_ids)s::bigint[],
+            %(from_max_ids)s::bigint[],
+            %(ticks)s::bigint[], %(window_tos)s::bigint[], %(last_ids)s::bigint[], %(max_ids)s::bigint[])
+     AS u(shard, from_tick, from_window_to, from_last_id, from_max_id, tick, window_to, last_id, max_id)
+WHERE c.shard = u.shard
+  AND (c.tick, c.window_to, c.last_id, c.max_id)
+      IS NOT DISTINCT FROM (u.from_tick, u.from_window_to, u.from_last_id, u.from_max_id)
+  AND c.shard IN (SELECT shard FROM outbox_shard_lease
+                  WHERE owner = %(relay_id)s AND expires_at > clock_timestamp())
+RETURNING c.shard
+
+-- name: outbox_identity
+-- Exactly-once settlements name the outbox they settle (migration 0013's id) and its copy (the cursor
+-- table's oid: a database restored elsewhere keeps the id, but its ticks and cursors may repeat).
+SELECT (SELECT outbox_id::text FROM outbox_identity) || '/' || 'outbox_cursor'::regclass::oid::text
+
+-- name: settle_leases_held
+-- Whether this relay still leases every shard of the group whose settlement it writes: a write fenced
+-- on a lease lost meanwhile changes nothing, which must not pass for "nothing to write". The leases are
+-- locked until the write-back commits, so none changes hands before.
+SELECT count(*) FROM (
+    SELECT shard FROM outbox_shard_lease
+    WHERE shard = ANY (%(shards)s::integer[]) AND owner = %(relay_id)s AND expires_at > clock_timestamp()
+    FOR SHARE) AS held
+
+-- name: settle_park
+-- log_park for a settlement written back: only rows of the shards whose cursor it moved (the batch's
+-- parks commit with its cursor moves; where the cursor was already moved, they are there already, and a
+-- row requeued since must stay requeued).
+UPDATE outbox AS t
+SET state = 'failed', attempts = least(t.attempts, 2147483646) + 1, last_error = o.error, held_for = o.held_for
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(held_for)s::text[]) AS o(id, error, held_for)
+WHERE t.id = o.id AND t.state = 'logged' AND t.shard = ANY (%(shards)s::integer[])
+  AND t.shard IN (SELECT shard FROM outbox_shard_lease
+                  WHERE owner = %(relay_id)s AND expires_at > clock_timestamp())
+
+-- name: settle_lock_timeout
+-- A settlement is written while the group's last owner may still hold its rows (a zombie whose session
+-- the lease tick is about to end): wait briefly, then try again at the next tick.
+SELECT set_config('lock_timeout', '2s', true)
 
 -- name: log_park
 -- A row that can never be published leaves the log for the parked rows (state failed), where `postbox

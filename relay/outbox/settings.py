@@ -182,7 +182,41 @@ class RelaySettings(Settings):
         "(cheaper than an update; keeps no published rows; needs GRANT DELETE on the outbox)",
         renamed=(Renamed("POSTBOX_DELETE_ON_PUBLISH"),),
     )
+    exactly_once: bool = setting(
+        False,
+        "log mode: publish each batch in one Kafka transaction with its cursors, through a transactional "
+        "producer per group of 8 shards, so that read_committed consumers see every event once through "
+        "crashes and failovers (a queue-mode relay refuses it)",
+    )
+    transactional_id_prefix: str | None = setting(
+        None,
+        "--exactly-once: the groups' transactional.id is PREFIX-<group> and their cursor topic "
+        "PREFIX.cursors; each outbox on a Kafka cluster needs its own (the default is)",
+        parse=str,
+        shown_default="postbox.<schema>.<outbox id>",
+    )
     metrics_address: str = shared_metrics_address("0.0.0.0:9400")
+
+    def transactional_prefix(self, outbox_id: str) -> str:
+        """--exactly-once: the groups' transactional.id prefix (their cursor topic is PREFIX.cursors): as
+        given, or named after the schema and the outbox's own id (migration 0013), so that two outboxes on
+        one Kafka cluster never share it."""
+        return self.transactional_id_prefix or f"postbox.{self.schema}.{outbox_id[:8]}"
+
+    def transactional_config(self) -> dict[str, str | int | float | bool]:
+        """--exactly-once: the producer settings of the groups' transactional producers (each adds its
+        transactional.id). An open transaction is aborted by the broker after transaction.timeout.ms,
+        which must cover the delivery timeout."""
+        config = self.producer_config()
+        # At most the broker's default transaction.max.timeout.ms (15 min), where a longer one is refused.
+        config.setdefault("transaction.timeout.ms", min(int(self.delivery_timeout * 1000) + 10_000, 900_000))
+        # A group's next transaction begins right after its commit, while the coordinator still writes the
+        # last one's markers: its AddPartitionsToTxn is refused (CONCURRENT_TRANSACTIONS) and retried after
+        # retry.backoff.ms, which librdkafka grows to retry.backoff.max.ms (100 ms, then up to 1 s).
+        for key, value in (("retry.backoff.ms", 5), ("retry.backoff.max.ms", 50)):
+            if key not in self.kafka_config:
+                config[key] = value
+        return config
 
     @property
     def max_message_bytes(self) -> int:
@@ -215,10 +249,38 @@ class RelaySettings(Settings):
                 f"{self.label('event_type_header')}: {self.event_type_header!r} cannot name the event type's "
                 f"header (the {ID_HEADER!r} header carries the event id consumers deduplicate on; no NUL)"
             )
+        self._check_exactly_once()
         for key, required in _REQUIRED_PRODUCER.items():
             given = self.kafka_config.get(key)
             if given is not None and given.lower() != required:
                 raise SettingsError(f"kafka-config {key}={given}: the relay requires {key}={required}")
+
+    def _check_exactly_once(self) -> None:
+        if "transactional.id" in self.kafka_config:
+            raise SettingsError(
+                "kafka-config transactional.id: the relay sets it per group of shards with --exactly-once "
+                f"({self.label('transactional_id_prefix')} names them)"
+            )
+        if not self.exactly_once:
+            return
+        if self.mode == "queue":
+            raise SettingsError(
+                f"{self.label('exactly_once')} needs log mode: a queue-mode relay marks each row after its "
+                "ack, which no Kafka transaction can include (run with --mode log or auto on an outbox "
+                "switched to log mode: postbox relay switch-mode log)"
+            )
+        prefix = self.transactional_prefix("0" * 8)
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", prefix):
+            raise SettingsError(
+                f"{self.label('transactional_id_prefix')}: {prefix!r} must be 1-200 of A-Z a-z 0-9 . _ - "
+                "(it names the cursor topic too)"
+            )
+        timeout = self.kafka_config.get("transaction.timeout.ms")
+        if timeout is not None and not (timeout.isdigit() and int(timeout) >= self.delivery_timeout * 1000):
+            raise SettingsError(
+                f"kafka-config transaction.timeout.ms={timeout}: must be a number of milliseconds no less "
+                f"than the delivery timeout ({int(self.delivery_timeout * 1000)} ms)"
+            )
 
     def producer_config(self) -> dict[str, str | int | float | bool]:
         """librdkafka settings: safe defaults, then the user's pass-through, then the non-negotiables."""

@@ -31,7 +31,9 @@ Debezium needs, so both tools see the same database):
   where its time goes); the webhook receiver under wrk with Stripe signatures checked (every request
   distinct);
 - capture: writers on a captured table against the same table uncaptured (single-row commits, and a bulk
-  INSERT), and the drain of captured changes by postbox against Debezium's plain change events.
+  INSERT), and the drain of captured changes by postbox against Debezium's plain change events;
+- exactly_once: one log-mode relay with and without --exactly-once: the drain of --rows, and the steady
+  state at 1,000 events/s (commit to a read_committed consumer).
 """
 
 from __future__ import annotations
@@ -48,10 +50,30 @@ from postbox.relay.devstack.postgres import LocalPostgres, find_bin_dir
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS, QUEUE_BATCH_ROWS
 from tests.bench.harness.servers import PARTITIONS, BenchServers
 from tests.bench.harness.traffic import payload_of
-from tests.bench.parts import capture, consumers, drain, latency, limits, longtx, tracing, webhooks
+from tests.bench.parts import (
+    capture,
+    consumers,
+    drain,
+    exactly_once,
+    latency,
+    limits,
+    longtx,
+    tracing,
+    webhooks,
+)
 from tests.debezium import debezium_version
 
-PARTS = ("limits", "drain", "latency", "longtx", "tracing", "consumers", "webhooks", "capture")
+PARTS = (
+    "limits",
+    "drain",
+    "latency",
+    "longtx",
+    "tracing",
+    "consumers",
+    "webhooks",
+    "capture",
+    "exactly_once",
+)
 
 
 def main() -> int:
@@ -132,6 +154,8 @@ def main() -> int:
             webhooks.run_part(s, args, say)
         if "capture" in parts:
             capture.run_part(s, args, tools, say)
+        if "exactly_once" in parts:
+            exactly_once.run_part(s, args, relay_args, say)
     finally:
         kafka.stop()
         postgres.stop()

@@ -101,6 +101,7 @@ class Cluster:
     consumers: list[InboxProcess] = field(default_factory=list)
     paused: list[Callable[[], None]] = field(default_factory=list)
     mode: str = "queue"  # the relays' --mode (the outbox is switched to match)
+    exactly_once: bool = False  # the relays run with --exactly-once (log mode)
 
     def replace_crashed(self) -> list[str]:
         """Processes that exited although nobody killed them (a bug): noted, logged, replaced."""
@@ -115,7 +116,10 @@ class Cluster:
         return found
 
     def relay(self) -> RelayProcess:
-        return RelayProcess(self.postgres.dsn, self.kafka.bootstrap, SCHEMA, *RELAY_ARGS, "--mode", self.mode)
+        extra = ("--exactly-once",) if self.exactly_once else ()
+        return RelayProcess(
+            self.postgres.dsn, self.kafka.bootstrap, SCHEMA, *RELAY_ARGS, "--mode", self.mode, *extra
+        )
 
     def consumer(self) -> InboxProcess:
         return InboxProcess(
@@ -229,14 +233,22 @@ def effects(dsn: str) -> list[str]:
 
 
 def run_soak(
-    duration: float, rate: float, fault_every: float, seed: int, brokers: int = 1, mode: str = "queue"
+    duration: float,
+    rate: float,
+    fault_every: float,
+    seed: int,
+    brokers: int = 1,
+    mode: str = "queue",
+    exactly_once: bool = False,
 ) -> Report:
     """With brokers=3 the topic has three replicas (min.insync.replicas 2) and broker faults hit one node at
-    random: leadership moves while the relays keep producing. mode: the relays' --mode (queue or log)."""
+    random: leadership moves while the relays keep producing. mode: the relays' --mode (queue or log);
+    exactly_once: the relays run with --exactly-once (log mode), and the broker is read as a
+    read_committed consumer reads it (as always: librdkafka's default)."""
     rng = random.Random(seed)
     postgres = LocalPostgres(find_bin_dir()).start()
     kafka = LocalKafka(nodes_count=brokers, default_partitions=6).start()
-    cluster = Cluster(postgres, kafka, mode=mode)
+    cluster = Cluster(postgres, kafka, mode=mode, exactly_once=exactly_once)
     stop_writers = threading.Event()
     writers: list[Writer] = []
     try:
@@ -253,7 +265,7 @@ def run_soak(
             writer.start()
         log(
             f"soak: {duration:.0f} s, {rate:g} events/s, a fault every ~{fault_every:g} s, seed {seed}, "
-            f"{brokers} broker(s), relays in {mode} mode"
+            f"{brokers} broker(s), relays in {mode} mode{' with --exactly-once' if exactly_once else ''}"
         )
         deadline = time.monotonic() + duration
         faults: Counter_ = {}
@@ -317,6 +329,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--brokers", type=int, choices=[1, 3], default=1, help="Kafka nodes (3: replicated)")
     parser.add_argument("--mode", choices=["queue", "log"], default="queue", help="the relays' --mode")
+    parser.add_argument("--exactly-once", action="store_true", help="the relays' --exactly-once (log mode)")
     args = parser.parse_args()
 
     # Started in the background, a process ignores SIGINT; SIGTERM must still stop it with its cleanup
@@ -325,7 +338,11 @@ def main() -> int:
         raise SystemExit(f"stopped by signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
-    report = run_soak(args.duration, args.rate, args.fault_every, args.seed, args.brokers, args.mode)
+    if args.exactly_once and args.mode != "log":
+        parser.error("--exactly-once needs --mode log")
+    report = run_soak(
+        args.duration, args.rate, args.fault_every, args.seed, args.brokers, args.mode, args.exactly_once
+    )
     return 0 if report.ok else 1
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from postbox.relay.outbox import OutboxEvent, enqueue, enqueue_many
 from tests.support.database import newest_tick, outbox_states, prepare_outbox, shard_owners
-from tests.support.delivery import check_delivery, write_sequenced
+from tests.support.delivery import check_delivery, sequenced_writers, write_sequenced
 from tests.support.kafka import read_topic
 from tests.support.modes import BOTH_MODES
 from tests.support.probes import http_get
@@ -37,22 +37,8 @@ def test_per_aggregate_order_holds_with_three_relays_and_interleaved_writers(
     written: dict[str, tuple[str, int]] = {}
     relays = [RelayProcess(servers.database_url, servers.kafka_bootstrap, schema, "--batch-size", "25")]
     try:
-        writers = [
-            threading.Thread(
-                target=write_sequenced,
-                args=(
-                    servers.database_url,
-                    schema,
-                    aggregate_type,
-                    [f"w{w}-a{a}" for a in range(10)],
-                    40,
-                    written,
-                    w,
-                    0.06,  # about six seconds of writing, so replicas join and rebalance mid-stream
-                ),
-            )
-            for w in range(3)
-        ]
+        # About six seconds of writing, so replicas join and rebalance mid-stream.
+        writers = sequenced_writers(servers.database_url, schema, aggregate_type, written, pause=0.06)
         for writer in writers:
             writer.start()
         # The first relay owns every shard; the next two make it hand shards over mid-stream.

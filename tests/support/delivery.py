@@ -5,6 +5,7 @@ order per aggregate (tests.chaos.checker)."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import psycopg
@@ -43,6 +44,37 @@ def write_sequenced(
             for event_id, event in zip(ids, batch, strict=True):
                 written[str(event_id)] = (event.aggregate_id, event.payload["seq"])
             time.sleep(rng.random() * pause)  # pacing, not waiting: the writers' random interleaving
+
+
+def sequenced_writers(
+    database_url: str,
+    schema: str,
+    aggregate_type: str,
+    written: dict[str, tuple[str, int]],
+    writers: int = 3,
+    aggregates: int = 10,
+    events_per_aggregate: int = 40,
+    pause: float = 0.004,
+) -> list[threading.Thread]:
+    """`writers` threads (not started) running write_sequenced, each on aggregates of its own
+    (`w<n>-a<m>`), seeded by its number; together they write writers * aggregates * events_per_aggregate
+    events into `written`."""
+    return [
+        threading.Thread(
+            target=write_sequenced,
+            args=(
+                database_url,
+                schema,
+                aggregate_type,
+                [f"w{w}-a{a}" for a in range(aggregates)],
+                events_per_aggregate,
+                written,
+                w,
+                pause,
+            ),
+        )
+        for w in range(writers)
+    ]
 
 
 def check_delivery(records: list[Record], written: dict[str, tuple[str, int]]) -> dict[str, int]:

@@ -24,9 +24,16 @@ class Record:
 
 
 def read_topic(
-    bootstrap: str, topic: str, expected: int, timeout: float = 60.0, settle: float = 1.0
+    bootstrap: str,
+    topic: str,
+    expected: int,
+    timeout: float = 60.0,
+    settle: float = 1.0,
+    isolation: str = "read_committed",
 ) -> list[Record]:
-    """Every message of `topic` from the beginning: waits for `expected`, then `settle` seconds for extras."""
+    """Every message of `topic` from the beginning: waits for `expected`, then `settle` seconds for extras.
+    `isolation`: librdkafka's default, read_committed (aborted transactions' messages are skipped), or
+    read_uncommitted (the Java client's default: every message written)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout, what=f"topic {topic}")
     partitions = admin.list_topics(topic, timeout=5).topics[topic].partitions
@@ -36,6 +43,7 @@ def read_topic(
             "group.id": f"test-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
         }
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
@@ -88,11 +96,13 @@ def produce(
     assert not errors, errors
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1) -> None:
+def create_topic(
+    bootstrap: str, topic: str, partitions: int, replication: int = 1, config: dict[str, str] | None = None
+) -> None:
     from confluent_kafka.admin import NewTopic  # noqa: PLC0415
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the future resolves
-    admin.create_topics([NewTopic(topic, partitions, replication)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, partitions, replication, config=config or {})])[topic].result(30)
 
 
 def produce_with_headers(

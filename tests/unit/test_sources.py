@@ -96,7 +96,7 @@ def test_only_a_page_of_the_log_is_read_past() -> None:
     assert (claimed.claimed, claimed.read_past) == (5, False)
     log_source = source("log", settings())
     assert isinstance(log_source, LogSource)
-    window = WindowPage([record()], LogPage([], complete=True), log_source._reader)
+    window = WindowPage([record()], LogPage([], complete=True, stored=[]), log_source._reader)
     assert (window.claimed, window.read_past) == (3, True)
 
 

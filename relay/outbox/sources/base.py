@@ -19,6 +19,7 @@ from postbox.relay.outbox.routing import OutboxRow
 if TYPE_CHECKING:
     from psycopg.rows import RowMaker
 
+    from postbox.relay.outbox.exactly_once.settlement import Settlement
     from postbox.relay.outbox.outcome import BatchOutcome
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -108,6 +109,11 @@ class Page(Protocol):
     def mark(self, conn: Connection, outcome: BatchOutcome) -> int:
         """Write each row's outcome in the batch's transaction (not committed here), fenced on the shard
         leases; the rows whose shard was still ours."""
+        ...
+
+    def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
+        """What mark() would write for `outcome`, as an exactly-once batch's transaction carries it (the
+        rows' shards are all of `group`)."""
         ...
 
 

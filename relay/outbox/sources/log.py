@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from postbox.relay.outbox import admin
+from postbox.relay.outbox.exactly_once.settlement import Settlement
 from postbox.relay.outbox.metrics import RelayMetrics
-from postbox.relay.outbox.outcome import BatchOutcome
+from postbox.relay.outbox.outcome import BatchOutcome, RowState
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, Page, ReadLimits
 from postbox.relay.outbox.sources.log_reader import LogPage, LogReader, prune_ticks
@@ -38,6 +39,13 @@ class WindowPage:
         ids = [r.id for r in self.records]
         shards = [r.shard for r in self.records]
         return self.reader.finish(conn, self.window, ids, shards, outcome)
+
+    def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
+        ids = [r.id for r in self.records]
+        shards = [r.shard for r in self.records]
+        moves = self.reader.moves(self.window, ids, shards, outcome)
+        parked = tuple(o for o in outcome.rows if o.state is RowState.FAILED) if outcome.failed else ()
+        return Settlement(group, self.reader.relay_id, moves=tuple(moves), parked=parked)
 
 
 class LogSource:

@@ -27,6 +27,15 @@ class Cursor:
         return self.tick, self.window_to, self.max_id
 
 
+@dataclass(frozen=True, slots=True)
+class CursorMove:
+    """A batch's move of one cursor, from where the database had it when the batch began."""
+
+    shard: int
+    before: Cursor
+    after: Cursor
+
+
 def next_group(cursors: Sequence[Cursor]) -> list[Cursor]:
     """The cursors to read together: those at the furthest-behind window (the lowest tick). Shards at the
     same window read one query; the rest wait for the lane's next batch."""
@@ -142,9 +151,10 @@ class DeferredCursors:
             if (ahead := self._ahead.get(shard)) is not None and ahead.since + self._delay <= now
         ]
 
-    def all_due(self) -> list[Cursor]:
-        """Every kept move, to be written now (a clean stop)."""
-        return [ahead.cursor for ahead in self._ahead.values()]
+    def all_due(self) -> list[CursorMove]:
+        """Every kept move, from the cursor it started from, to be written now (a clean stop) where the
+        database still holds that cursor: a shard not read since may have moved on under another owner."""
+        return [CursorMove(shard, ahead.stored, ahead.cursor) for shard, ahead in self._ahead.items()]
 
     def keep(self, moved: Sequence[Cursor], now: float, with_rows: Set[int] = frozenset()) -> list[Cursor]:
         """Keep the moves that can wait (no row of the shard in the step, no window open before or after);

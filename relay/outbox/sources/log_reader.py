@@ -28,6 +28,7 @@ from postbox.relay.outbox.outcome import BatchOutcome, RowState
 from postbox.relay.outbox.sources.base import OutboxRecord, ReadLimits, outbox_records
 from postbox.relay.outbox.sources.log_cursors import (
     Cursor,
+    CursorMove,
     DeferredCursors,
     after_batch,
     first_retries,
@@ -69,6 +70,7 @@ class LogPage:
 
     group: list[Cursor]
     complete: bool  # the page held every row left in the window
+    stored: list[Cursor]  # the group's cursors as committed when the batch began (its locked rows)
 
 
 def outbox_in_log_mode(conn: Connection) -> bool:
@@ -86,6 +88,28 @@ def log_started(conn: Connection) -> bool:
     """Whether the outbox was ever switched to log mode (its cursors have a tick)."""
     found = conn.execute(query(QUERIES, "log_started")).fetchone()
     return bool(found and found[0])
+
+
+def advance_from(conn: Connection, relay_id: str, moves: Sequence[CursorMove]) -> list[int]:
+    """Each move's cursor moved where it still stands where the move started (and its shard is leased to
+    `relay_id`): the shards moved. For moves made outside the batch that locked the cursor: a clean stop's
+    kept moves, an exactly-once settlement written back."""
+    rows = conn.execute(
+        query(QUERIES, "settle_cursors"),
+        {
+            "relay_id": relay_id,
+            "shards": [m.shard for m in moves],
+            "from_ticks": [m.before.tick for m in moves],
+            "from_window_tos": [m.before.window_to for m in moves],
+            "from_last_ids": [m.before.last_id for m in moves],
+            "from_max_ids": [m.before.max_id for m in moves],
+            "ticks": [m.after.tick for m in moves],
+            "window_tos": [m.after.window_to for m in moves],
+            "last_ids": [m.after.last_id for m in moves],
+            "max_ids": [m.after.max_id for m in moves],
+        },
+    ).fetchall()
+    return [int(r[0]) for r in rows]
 
 
 def prune_ticks(conn: Connection) -> None:
@@ -134,6 +158,10 @@ class LogReader:
         self._rest_until: dict[int, float] = {}
         self._deferred = DeferredCursors()
         self._look_again_at: float | None = None
+
+    @property
+    def relay_id(self) -> str:
+        return self._relay_id
 
     def lock(self, conn: Connection, lane: list[int]) -> LockedLane:
         """Lock the lane's cursors in the batch's transaction on `conn` (see log_lock_cursors)."""
@@ -193,14 +221,19 @@ class LogReader:
                 continue
             claimed = rows[0].claimed_rows
             complete = claimed < limits.rows and claimed == len(rows)
-            return rows, LogPage(group, complete)
+            stored = {c.shard: c for c in locked.cursors}
+            return rows, LogPage(group, complete, [stored[c.shard] for c in group])
         return None
 
     def write_deferred(self, conn: Connection) -> None:
         """Write every cursor move kept in memory (on a clean stop, while the leases are still ours), so
         that the database shows how far the log is read: `postbox relay status`, the cursor lag and a
         switch back to queue mode go by it. `conn` is in autocommit mode."""
-        self._write(conn, self._deferred.all_due())
+        moves = self._deferred.all_due()
+        if not moves:
+            return
+        moved = advance_from(conn, self._relay_id, moves)
+        self._deferred.written([m.after for m in moves], set(moved))
 
     def look_again_in(self) -> float | None:
         """Seconds until the relay should read again although nothing woke it, once after a read found no
@@ -281,8 +314,7 @@ class LogReader:
                     "held_for": [o.held_for for o in parked],
                 },
             )
-        # Looked for only when some row is retried: the usual batch has none, and skips a pass per row.
-        first_retry = first_retries(ids, shards, outcome.rows) if outcome.retried else {}
+        first_retry = self._first_retries(ids, shards, outcome)
         moved = after_batch(page.group, ids[-1] if ids else None, first_retry, page.complete)
         rows_per_shard = Counter(shards)
         held = set(self._write(conn, self._deferred.keep(moved, time.monotonic(), rows_per_shard.keys())))
@@ -294,6 +326,20 @@ class LogReader:
                 self._failures.pop(cursor.shard, None)
                 self._rest_until.pop(cursor.shard, None)
         return sum(rows_per_shard[shard] for shard in held)
+
+    def moves(
+        self, page: LogPage, ids: Sequence[int], shards: Sequence[int], outcome: BatchOutcome
+    ) -> list[CursorMove]:
+        """Where finish() will move the group's cursors, each from where the database had it when the
+        batch began (exactly-once carries them in the batch's transaction). Pure."""
+        first_retry = self._first_retries(ids, shards, outcome)
+        moved = after_batch(page.group, ids[-1] if ids else None, first_retry, page.complete)
+        return [CursorMove(c.shard, before, c) for before, c in zip(page.stored, moved, strict=True)]
+
+    @staticmethod
+    def _first_retries(ids: Sequence[int], shards: Sequence[int], outcome: BatchOutcome) -> dict[int, int]:
+        # Looked for only when some row is retried: the usual batch has none, and skips a pass per row.
+        return first_retries(ids, shards, outcome.rows) if outcome.retried else {}
 
     def _write(self, conn: Connection, cursors: Sequence[Cursor]) -> list[int]:
         """Move these cursors (fenced); the shards whose cursor moved."""

@@ -4,11 +4,13 @@ rows that are pending in a log-mode outbox (from before a switch, or requeued)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from postbox.relay.core.sql import query
-from postbox.relay.outbox.outcome import BatchOutcome
+from postbox.relay.outbox.exactly_once.settlement import Settlement
+from postbox.relay.outbox.outcome import BatchOutcome, RowOutcome, RowState
 from postbox.relay.outbox.settings import QUEUE_BATCH_ROWS
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, ReadLimits, outbox_records
 
@@ -30,13 +32,17 @@ class Claimer:
         return ClaimedPage(records, self) if records else None
 
     def mark(self, conn: Connection, outcome: BatchOutcome) -> int:
+        return self.mark_rows(conn, outcome.rows)
+
+    def mark_rows(self, conn: Connection, rows: Sequence[RowOutcome]) -> int:
+        """Write these outcomes to their rows, those still pending and of shards still ours."""
         return conn.execute(
             query(QUERIES, "mark_batch_deleting" if self.delete_on_publish else "mark_batch"),
             {
                 "relay_id": self.relay_id,
-                "ids": [o.row_id for o in outcome.rows],
-                "states": [o.state.value for o in outcome.rows],
-                "errors": [o.error for o in outcome.rows],
+                "ids": [o.row_id for o in rows],
+                "states": [o.state.value for o in rows],
+                "errors": [o.error for o in rows],
             },
         ).rowcount
 
@@ -56,6 +62,10 @@ class ClaimedPage:
 
     def mark(self, conn: Connection, outcome: BatchOutcome) -> int:
         return self.claimer.mark(conn, outcome)
+
+    def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
+        marked = tuple(o for o in outcome.rows if o.state is not RowState.PENDING)
+        return Settlement(group, self.claimer.relay_id, marked=marked)
 
 
 class QueueSource:
