@@ -213,9 +213,9 @@ class RelaySettings(Settings):
         # A group's next transaction begins right after its commit, while the coordinator still writes the
         # last one's markers: its AddPartitionsToTxn is refused (CONCURRENT_TRANSACTIONS) and retried after
         # retry.backoff.ms, which librdkafka grows to retry.backoff.max.ms (100 ms, then up to 1 s).
-        for key, value in (("retry.backoff.ms", 5), ("retry.backoff.max.ms", 50)):
-            if key not in self.kafka_config:
-                config[key] = value
+        # Both or neither: librdkafka refuses a maximum below the backoff.
+        if not {"retry.backoff.ms", "retry.backoff.max.ms"} & self.kafka_config.keys():
+            config.update({"retry.backoff.ms": 5, "retry.backoff.max.ms": 50})
         return config
 
     @property

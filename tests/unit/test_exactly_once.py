@@ -706,5 +706,11 @@ def test_the_transactional_config_is_the_producer_config_without_a_transactional
     assert config["enable.idempotence"] == "true"
     assert config["acks"] == "all"
     assert config["linger.ms"] == "20"
-    assert {k: v for k, v in config.items() if k != "transaction.timeout.ms"} == given.producer_config()
-    assert "transaction.timeout.ms" not in given.producer_config()
+    added = {"transaction.timeout.ms", "retry.backoff.ms", "retry.backoff.max.ms"}
+    assert {k: v for k, v in config.items() if k not in added} == given.producer_config()
+    assert added.isdisjoint(given.producer_config())
+    # Back-to-back transactions wait out CONCURRENT_TRANSACTIONS in retry.backoff: short, unless given.
+    assert (config["retry.backoff.ms"], config["retry.backoff.max.ms"]) == (5, 50)
+    mine = relay_settings(exactly_once=True, kafka_config={"retry.backoff.ms": "200"}).transactional_config()
+    assert mine["retry.backoff.ms"] == "200"
+    assert "retry.backoff.max.ms" not in mine, "librdkafka's own, never below a backoff given"
