@@ -196,7 +196,18 @@ class Transactions:
         return producer
 
     def _read_back(self, group: int) -> Settlement | None:
-        """The last committed settlement on the group's partition (read_committed), or None."""
+        """The last committed settlement on the group's partition (read_committed), or None. A reader that
+        fails is replaced: after a broker restart one was seen to answer "unknown partition" for good (the
+        30-minute soak, 2026-12-07: two groups never opened again)."""
+        try:
+            return self._read_back_with(self._reader_now(), group)
+        except (KafkaException, GroupNotReady):
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+            raise
+
+    def _reader_now(self) -> Consumer:
         if self._reader is None:
             self._reader = Consumer(
                 with_structlog_logger(
@@ -209,7 +220,9 @@ class Transactions:
                     }
                 )
             )
-        reader = self._reader
+        return self._reader
+
+    def _read_back_with(self, reader: Consumer, group: int) -> Settlement | None:
         low, high = reader.get_watermark_offsets(
             TopicPartition(self.cursor_topic, group), timeout=self._timeout, cached=False
         )

@@ -334,7 +334,14 @@ class LogReader:
         batch began (exactly-once carries them in the batch's transaction). Pure."""
         first_retry = self._first_retries(ids, shards, outcome)
         moved = after_batch(page.group, ids[-1] if ids else None, first_retry, page.complete)
-        return [CursorMove(c.shard, before, c) for before, c in zip(page.stored, moved, strict=True)]
+        with_rows = set(shards)
+        return [
+            CursorMove(c.shard, before, c)
+            for before, c in zip(page.stored, moved, strict=True)
+            # A move past windows without a row of its shard, and none open, may be lost (DeferredCursors
+            # keeps such moves in memory): left out, so a write-back is only ever a batch's rows.
+            if c.shard in with_rows or before.window_to is not None or c.window_to is not None
+        ]
 
     @staticmethod
     def _first_retries(ids: Sequence[int], shards: Sequence[int], outcome: BatchOutcome) -> dict[int, int]:
