@@ -99,17 +99,21 @@ def advance_from(conn: Connection, relay_id: str, moves: Sequence[CursorMove]) -
         {
             "relay_id": relay_id,
             "shards": [m.shard for m in moves],
-            "from_ticks": [m.before.tick for m in moves],
-            "from_window_tos": [m.before.window_to for m in moves],
-            "from_last_ids": [m.before.last_id for m in moves],
-            "from_max_ids": [m.before.max_id for m in moves],
-            "ticks": [m.after.tick for m in moves],
-            "window_tos": [m.after.window_to for m in moves],
-            "last_ids": [m.after.last_id for m in moves],
-            "max_ids": [m.after.max_id for m in moves],
+            **_cursor_arrays([m.before for m in moves], "from_"),
+            **_cursor_arrays([m.after for m in moves]),
         },
     ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+def _cursor_arrays(cursors: Sequence[Cursor], prefix: str = "") -> dict[str, list[int | None]]:
+    """The cursors' positions as the array parameters log_advance and settle_cursors take."""
+    return {
+        f"{prefix}ticks": [c.tick for c in cursors],
+        f"{prefix}window_tos": [c.window_to for c in cursors],
+        f"{prefix}last_ids": [c.last_id for c in cursors],
+        f"{prefix}max_ids": [c.max_id for c in cursors],
+    }
 
 
 def prune_ticks(conn: Connection) -> None:
@@ -354,14 +358,7 @@ class LogReader:
             return []
         moved = conn.execute(
             query(QUERIES, "log_advance"),
-            {
-                "relay_id": self._relay_id,
-                "shards": [c.shard for c in cursors],
-                "ticks": [c.tick for c in cursors],
-                "window_tos": [c.window_to for c in cursors],
-                "last_ids": [c.last_id for c in cursors],
-                "max_ids": [c.max_id for c in cursors],
-            },
+            {"relay_id": self._relay_id, "shards": [c.shard for c in cursors], **_cursor_arrays(cursors)},
         ).fetchall()
         shards = [int(r[0]) for r in moved]
         self._deferred.written(cursors, set(shards))
