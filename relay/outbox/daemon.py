@@ -41,11 +41,12 @@ from postbox.relay.core.db import advisory_key, describe_error, transient_databa
 from postbox.relay.core.sql import query
 from postbox.relay.core.tracing import TRACING_OFF, Tracing
 from postbox.relay.outbox import admin
-from postbox.relay.outbox.batch import GroupTransaction, InFlight, Prepared, Preparer
+from postbox.relay.outbox.batch import GroupTransaction, InFlight, Prepared, Preparer, TransactionRound
 from postbox.relay.outbox.batch_report import report_batch
 from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.exactly_once.groups import (
     GROUP_SHARDS,
+    group_of,
     groups_in,
     shards_of,
     split_groups,
@@ -55,7 +56,6 @@ from postbox.relay.outbox.exactly_once.settlement import Settlement, plan
 from postbox.relay.outbox.exactly_once.transactions import (
     Ending,
     GroupNotReady,
-    OpenTransaction,
     Transactions,
 )
 from postbox.relay.outbox.exactly_once.write_back import ForeignSettlement, outbox_identity, write_back
@@ -133,7 +133,6 @@ class Relay:
         # Exactly-once: when each group last had a batch (a lane serves its groups in turn), and the fates
         # an aborted transaction learned for its rows (a message the broker refused for good), by row id,
         # for the next attempt at them to park them instead of sending them.
-        self._group_served: dict[int, int] = {}
         self._learned: dict[int, Delivery] = {}
         self._suspects: set[int] = set()  # refused together with others: each is tried alone (see plan)
         self._learning = threading.Lock()  # the lanes' threads share both
@@ -516,20 +515,15 @@ class Relay:
     def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
         """Read the lane's next page (opening the batch's transaction) and hand its messages to the
         producer; None, with the transaction closed, when there is nothing to do. Exactly-once: the page
-        of one group of the lane's, the one served longest ago that has rows."""
+        of the lane's groups still ready (one dropped mid-drain, fenced or failed, is opened at the tick),
+        each group's rows in a transaction of its own."""
         if self._transactions is None:
-            return self._read_batch(conn, lane, None)
-        ready = self._transactions.ready  # a group dropped mid-drain (fenced, failed) is opened at the tick
-        for group in sorted(groups_in(lane), key=lambda g: self._group_served.get(g, 0)):
-            if group not in ready:
-                continue
-            batch = self._read_batch(conn, shards_of(group), group)
-            if batch is not None:
-                self._group_served[group] = time.monotonic_ns()
-                return batch
-        return None
+            return self._read_batch(conn, lane, exactly_once=False)
+        ready = self._transactions.ready
+        shards = [s for g in groups_in(lane) if g in ready for s in shards_of(g)]
+        return self._read_batch(conn, shards, exactly_once=True) if shards else None
 
-    def _read_batch(self, conn: Connection, lane: list[int], group: int | None) -> InFlight | None:
+    def _read_batch(self, conn: Connection, lane: list[int], *, exactly_once: bool) -> InFlight | None:
         assert self.leases is not None
         assert self._source is not None
         started = time.perf_counter()
@@ -553,23 +547,26 @@ class Relay:
         spans = None
         if self._preparer.spans is not None and prepared.messages:
             spans = self._preparer.start_spans(prepared)
-        transaction = None
-        if group is None:
+        transactions = None
+        if not exactly_once:
             messages = prepared.messages
             sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
         else:
             assert self._transactions is not None
-            transaction = self._begin_transaction(self._transactions, group, page, prepared)
-            if transaction.open is None and transaction.plan.send:
-                # The group's producer could not begin (fenced by a newer owner, or failed): nothing was
-                # sent; the batch is read again once the group is opened again, at the lease tick.
+            transactions = self._begin_transactions(self._transactions, page, prepared)
+            if transactions is None:
+                # A group's producer could not begin (fenced by a newer owner, or failed): the others'
+                # transactions were aborted; the batch is read again once the group is opened again, at
+                # the lease tick.
                 conn.rollback()
                 self.leases.recheck_now()
                 return None
             if spans is not None:  # the plan may send fewer rows than were prepared
-                planned = set(transaction.plan.send)
-                spans = [span for i, span in zip(transaction.sent_before, spans, strict=True) if i in planned]
-            sending = transaction.open.sending if transaction.open is not None else None
+                planned = set(transactions.plan.send)
+                spans = [
+                    span for i, span in zip(transactions.sent_before, spans, strict=True) if i in planned
+                ]
+            sending = None
         return InFlight(
             conn,
             lane,
@@ -585,16 +582,18 @@ class Relay:
             claimed_at,
             claim_seconds,
             spans,
-            transaction,
+            transactions,
         )
 
-    def _begin_transaction(
-        self, transactions: Transactions, group: int, page: Page, prepared: Prepared
-    ) -> GroupTransaction:
-        """Exactly-once: plan the batch (which rows it sends, what it writes back), then begin its group's
-        transaction with those rows' messages and the settlement; `prepared` is trimmed to the rows sent.
-        With nothing to send, no transaction: the batch then only parks rows and moves cursors, in the
-        database alone (none of its rows reaches Kafka, so no crash can leave Kafka ahead of it)."""
+    def _begin_transactions(
+        self, transactions: Transactions, page: Page, prepared: Prepared
+    ) -> TransactionRound | None:
+        """Exactly-once: plan the batch (which rows it sends, what it writes back), then begin a transaction
+        for each group that sends rows, with those rows' messages and the group's settlement; `prepared`
+        is trimmed to the rows sent. A group that sends nothing has no transaction: its rows are only
+        parked and its cursors moved, in the database alone (none of them reaches Kafka, so no crash can
+        leave Kafka ahead of it). None, with every transaction begun aborted, when a group's producer
+        cannot begin."""
         rows = prepared.rows
         ids = list(map(_ID, rows))
         with self._learning:
@@ -611,27 +610,41 @@ class Relay:
         )
         sent_before = prepared.sent
         by_row = dict(zip(sent_before, prepared.messages, strict=True))
-        messages = [by_row[i] for i in planned.send]
-        prepared.sent, prepared.messages = planned.send, messages
-        if not messages:
-            return GroupTransaction(group, planned, None, sent_before)
-        settlement = replace(page.settlement(group, planned.outcome), outbox=self._outbox_identity)
-        return GroupTransaction(group, planned, transactions.begin(group, messages, settlement), sent_before)
+        prepared.sent, prepared.messages = planned.send, [by_row[i] for i in planned.send]
+        sent_by_group: dict[int, list[int]] = {}
+        for index in planned.send:
+            sent_by_group.setdefault(group_of(rows[index].shard), []).append(index)
+        begun: list[GroupTransaction] = []
+        for group, sent in sorted(sent_by_group.items()):
+            settlement = replace(page.settlement(group, planned.outcome), outbox=self._outbox_identity)
+            opened = transactions.begin(group, [by_row[i] for i in sent], settlement)
+            if opened is None:
+                for other in begun:
+                    transactions.abort(other.open)
+                return None
+            begun.append(GroupTransaction(group, opened, sent))
+        return TransactionRound(planned, begun, sent_before)
+
+    def _wait_for_reports(self, batch: InFlight) -> None:
+        """Fill in the batch's deliveries from the producer's reports (exactly-once: every transaction's,
+        and each one's settlement)."""
+        if batch.sending is not None:
+            for index, report in zip(batch.sent, batch.sending.wait(self._keep_leases), strict=True):
+                batch.deliveries[index] = report
+        elif batch.transactions is not None:
+            assert self._transactions is not None
+            for group in batch.transactions.groups:
+                reports = self._transactions.wait(group.open, self._keep_leases)
+                for index, report in zip(group.sent, reports, strict=True):
+                    batch.deliveries[index] = report
 
     def _finish(self, batch: InFlight) -> None:
         """Wait for the batch's delivery reports, mark its rows in its transaction, commit. Exactly-once:
-        commit the batch's Kafka transaction first (or abort it, and roll the database back)."""
+        commit the batch's Kafka transactions first (or abort them, and roll the database back)."""
         assert self.leases is not None
         deliveries = batch.deliveries
-        transaction = batch.transaction
-        if batch.sending is not None:
-            if transaction is not None and transaction.open is not None:
-                assert self._transactions is not None
-                reports = self._transactions.wait(transaction.open, self._keep_leases)
-            else:
-                reports = batch.sending.wait(self._keep_leases)
-            for index, report in zip(batch.sent, reports, strict=True):
-                deliveries[index] = report
+        transactions = batch.transactions
+        self._wait_for_reports(batch)
         acked_at = time.time()
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
@@ -645,59 +658,71 @@ class Relay:
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
-        if transaction is None:
+        if transactions is None:
             outcome = decide(ids, list(map(_AGGREGATE_ID, rows)), final)
         else:
-            settled = self._end_transaction(batch, transaction, final)
+            settled = self._end_transactions(batch, transactions, final)
             if settled is None:
                 return
             outcome = settled
-        if batch.spans is not None and batch.sending is not None:
+        if batch.spans is not None and batch.sent:
             assert self._preparer.spans is not None
             sent = batch.sent
             states = [outcome.rows[i].state for i in sent]
-            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, batch.sending.acks())
+            if transactions is not None:
+                acks = transactions.acks(sent)
+            else:
+                assert batch.sending is not None  # rows were sent
+                acks = batch.sending.acks()
+            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, acks)
         marked = batch.page.mark(batch.conn, outcome)
         batch.conn.commit()
         report_batch(self.metrics, batch, outcome, marked, acked_at)
         if marked < len(rows):
             # Our lease on some shard expired mid-batch: drain() ends (no further batch on the lost shards)
-            # and _turn ticks the leases again. Exactly-once: the batch's settlement is in Kafka and not in
-            # the database, so whoever opens the group next (this relay too) reads it back first.
-            if transaction is not None and self._transactions is not None:
-                self._transactions.drop(transaction.group)
+            # and _turn ticks the leases again. Exactly-once: the batch's settlements are in Kafka and not
+            # in the database, so whoever opens their groups next (this relay too) reads them back first.
+            if transactions is not None and self._transactions is not None:
+                for group in transactions.groups:
+                    self._transactions.drop(group.group)
             self.leases.recheck_now()
         # A batch where nothing got through (the broker is struggling) makes drain() back off.
         self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
 
-    def _end_transaction(
-        self, batch: InFlight, transaction: GroupTransaction, final: list[Delivery]
+    def _end_transactions(
+        self, batch: InFlight, transactions: TransactionRound, final: list[Delivery]
     ) -> BatchOutcome | None:
-        """Exactly-once: commit the batch's transaction when every message and the settlement were
-        delivered, and return the planned outcome for the database to write. Otherwise abort it (nothing of
-        it is visible to read_committed consumers), roll the database back and return None: the batch is
-        read again, its rows refused for good (parked by the broker's word) parked by the plan, the
-        others sent again after a backoff. A commit whose outcome is unknown also rolls back: the group is
-        opened again, and its settlement read back, before it publishes again."""
+        """Exactly-once: commit the batch's transactions when every message and settlement was delivered,
+        and return the planned outcome for the database to write. Otherwise abort them (nothing of them is
+        visible to read_committed consumers), roll the database back and return None: the batch is read
+        again, its rows refused for good (parked by the broker's word) parked by the plan, the others sent
+        again after a backoff. A commit that fails, or whose outcome is unknown, also rolls back: every
+        group of the batch is opened again, and its settlement read back (those committed before it
+        included), before it publishes again."""
         assert self._transactions is not None
         assert self.leases is not None
-        open_transaction = transaction.open
-        if open_transaction is None:  # nothing sent: the database alone settles the batch
-            self._forget_settled(transaction.plan.outcome)
-            return transaction.plan.outcome
+        outcome = transactions.plan.outcome
+        if not transactions.groups:  # nothing sent: the database alone settles the batch
+            self._forget_settled(outcome)
+            return outcome
         failed = [(i, final[i]) for i in batch.sent if final[i].disposition is not None]
-        settlement = self._transactions.settlement_delivered(open_transaction)
-        if failed or settlement.disposition is not None:
-            self._abort(batch, transaction.group, open_transaction, failed, settlement)
+        settlements = [self._transactions.settlement_delivered(g.open) for g in transactions.groups]
+        if failed or any(d.disposition is not None for d in settlements):
+            self._abort(batch, transactions, failed, settlements)
             return None
-        ending = self._transactions.commit(open_transaction)
-        if ending is not Ending.COMMITTED:  # the group's producer was dropped: see Transactions.commit
-            batch.conn.rollback()
-            self._failed_batches += 1
-            self.leases.recheck_now()  # the group is opened again, and read back, at the tick
-            return None
-        self._forget_settled(transaction.plan.outcome)
-        return transaction.plan.outcome
+        for index, group in enumerate(transactions.groups):
+            if self._transactions.commit(group.open) is not Ending.COMMITTED:
+                # Its producer was dropped (see Transactions.commit); so are the others', committed or not.
+                for other in transactions.groups[:index]:
+                    self._transactions.drop(other.group)
+                for other in transactions.groups[index + 1 :]:
+                    self._transactions.abort(other.open)
+                batch.conn.rollback()
+                self._failed_batches += 1
+                self.leases.recheck_now()  # the groups are opened again, and read back, at the tick
+                return None
+        self._forget_settled(outcome)
+        return outcome
 
     def _forget_settled(self, outcome: BatchOutcome) -> None:
         """Rows published or parked need no learned fate any more (a row requeued later is tried anew)."""
@@ -711,16 +736,15 @@ class Relay:
     def _abort(
         self,
         batch: InFlight,
-        group: int,
-        open_transaction: OpenTransaction,
+        transactions: TransactionRound,
         failed: list[tuple[int, Delivery]],
-        settlement: Delivery,
+        settlements: list[Delivery],
     ) -> None:
-        """Abort a batch's transaction that a message or its settlement did not make, and roll the database
-        back; learn what the broker refused for good, for the next attempt's plan."""
+        """Abort a batch's transactions, one of which a message or a settlement did not make, and roll the
+        database back; learn what the broker refused for good, for the next attempt's plan."""
         assert self._transactions is not None
         assert self.leases is not None
-        ending = self._transactions.abort(open_transaction)
+        endings = {self._transactions.abort(g.open) for g in transactions.groups}
         batch.conn.rollback()
         rows = batch.rows
         refused = [(index, d) for index, d in failed if d.disposition is Disposition.PARK]
@@ -733,15 +757,15 @@ class Relay:
             if len(self._learned) + len(self._suspects) > 100_000:  # bounded: learned again if needed
                 self._learned.clear()
                 self._suspects.clear()
-        # The abort dropped the group's producer: it is opened again, and read back, at the tick.
+        # The aborts dropped the groups' producers: they are opened again, and read back, at the tick.
         self.leases.recheck_now()
-        reasons = {d.reason or "" for _, d in failed} | ({settlement.reason} if settlement.reason else set())
+        reasons = {d.reason or "" for _, d in failed} | {d.reason for d in settlements if d.reason}
         log.warning(
             "relay_transaction_aborted",
-            group=group,
+            groups=[g.group for g in transactions.groups],
             failed=len(failed),
             reasons=sorted(reasons)[:5],
-            ending=ending.value,
+            ending=sorted(e.value for e in endings),
         )
         if not refused:
             self._failed_batches += 1  # a broker that struggles: back off before the next batch

@@ -10,12 +10,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.metrics import RelayMetrics
+from postbox.relay.outbox.outcome import DELIVERED, Delivery, RowState, decide
 from postbox.relay.outbox.routing import OutboxRow
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS, QUEUE_BATCH_ROWS, RelaySettings
 from postbox.relay.outbox.sources.base import RECORD_COLUMNS, BatchSource, OutboxRecord, outbox_records
 from postbox.relay.outbox.sources.choice import make_source
 from postbox.relay.outbox.sources.log import LogSource, WindowPage
+from postbox.relay.outbox.sources.log_cursors import Cursor
 from postbox.relay.outbox.sources.log_reader import LogPage
 from postbox.relay.outbox.sources.queue import ClaimedPage, Claimer, QueueSource
 
@@ -98,6 +101,30 @@ def test_only_a_page_of_the_log_is_read_past() -> None:
     assert isinstance(log_source, LogSource)
     window = WindowPage([record()], LogPage([], complete=True, stored=[]), log_source._reader)
     assert (window.claimed, window.read_past) == (3, True)
+
+
+def test_a_page_across_groups_gives_each_group_only_its_own_shards_settlement() -> None:
+    """Exactly-once: a lane's page spans its groups, and each group's transaction carries what the batch
+    writes in that group's shards alone: a group read back after a lost commit writes nothing of another
+    group's, whose own transaction may have been aborted."""
+    rows = [record(id=11, shard=5, aggregate_id="a"), record(id=12, shard=9, aggregate_id="b")]
+    rows.append(record(id=13, shard=10, aggregate_id="c"))
+    fates = [DELIVERED, Delivery(Disposition.PARK, "too large"), DELIVERED]
+    outcome = decide([11, 12, 13], ["a", "b", "c"], fates)
+    log_source = source("log", settings())
+    assert isinstance(log_source, LogSource)
+    cursors = [Cursor(5, 1, 2), Cursor(9, 1, 2), Cursor(10, 1, 2)]
+    window = WindowPage(rows, LogPage(cursors, complete=True, stored=cursors), log_source._reader)
+    first, second = window.settlement(0, outcome), window.settlement(1, outcome)
+    assert [m.shard for m in first.moves] == [5]
+    assert first.parked == ()
+    assert [m.shard for m in second.moves] == [9, 10]
+    assert [(o.row_id, o.state) for o in second.parked] == [(12, RowState.FAILED)]
+    assert window.settlement(2, outcome).moves == ()
+
+    claimed = ClaimedPage(rows, CLAIMER)
+    assert [o.row_id for o in claimed.settlement(0, outcome).marked] == [11]
+    assert [o.row_id for o in claimed.settlement(1, outcome).marked] == [12, 13]
 
 
 def test_every_module_that_names_a_sql_file_finds_it() -> None:

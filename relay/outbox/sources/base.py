@@ -112,8 +112,8 @@ class Page(Protocol):
         ...
 
     def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
-        """What mark() would write for `outcome`, as an exactly-once batch's transaction carries it (the
-        rows' shards are all of `group`)."""
+        """What mark() would write for `outcome` in the shards of `group`, as an exactly-once batch's
+        transaction for that group carries it (a page may span several groups: each carries its own)."""
         ...
 
 

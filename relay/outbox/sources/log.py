@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from postbox.relay.outbox import admin
+from postbox.relay.outbox.exactly_once.groups import group_of
 from postbox.relay.outbox.exactly_once.settlement import Settlement
 from postbox.relay.outbox.metrics import RelayMetrics
 from postbox.relay.outbox.outcome import BatchOutcome, RowState
@@ -43,8 +44,18 @@ class WindowPage:
     def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
         ids = [r.id for r in self.records]
         shards = [r.shard for r in self.records]
-        moves = self.reader.moves(self.window, ids, shards, outcome)
-        parked = tuple(o for o in outcome.rows if o.state is RowState.FAILED) if outcome.failed else ()
+        moves = [
+            m for m in self.reader.moves(self.window, ids, shards, outcome) if group_of(m.shard) == group
+        ]
+        parked = (
+            tuple(
+                o
+                for o, shard in zip(outcome.rows, shards, strict=True)
+                if o.state is RowState.FAILED and group_of(shard) == group
+            )
+            if outcome.failed
+            else ()
+        )
         return Settlement(group, self.reader.relay_id, moves=tuple(moves), parked=parked)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from postbox.relay.core.sql import query
+from postbox.relay.outbox.exactly_once.groups import group_of
 from postbox.relay.outbox.exactly_once.settlement import Settlement
 from postbox.relay.outbox.outcome import BatchOutcome, RowOutcome, RowState
 from postbox.relay.outbox.settings import QUEUE_BATCH_ROWS
@@ -64,7 +65,11 @@ class ClaimedPage:
         return self.claimer.mark(conn, outcome)
 
     def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
-        marked = tuple(o for o in outcome.rows if o.state is not RowState.PENDING)
+        marked = tuple(
+            o
+            for o, record in zip(outcome.rows, self.records, strict=True)
+            if o.state is not RowState.PENDING and group_of(record.shard) == group
+        )
         return Settlement(group, self.claimer.relay_id, marked=marked)
 
 
