@@ -16,7 +16,6 @@ import structlog
 from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.held import HeldAggregates
 from postbox.relay.outbox.outcome import Delivery
-from postbox.relay.outbox.publisher import Ack, Sending
 from postbox.relay.outbox.routing import (
     Message,
     OutboxRow,
@@ -30,8 +29,7 @@ from postbox.relay.outbox.routing import (
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, Page
 
 if TYPE_CHECKING:
-    from postbox.relay.outbox.exactly_once.settlement import Plan
-    from postbox.relay.outbox.exactly_once.transactions import OpenTransaction
+    from postbox.relay.outbox.delivery import SentBatch
     from postbox.relay.outbox.tracing import PublishSpans
 
 log = structlog.get_logger("postbox.relay")
@@ -50,7 +48,7 @@ class InFlight:
     topics: list[str]
     deliveries: list[Delivery | None]  # known before sending: blocked topics, rows that cannot be routed
     sent: list[int]  # indexes into rows of the messages handed to the producer
-    sending: Sending | None
+    delivery: SentBatch  # its messages with the producer, as the relay's delivery guarantee sends them
     started: float
     page: Page  # where the rows came from, and how their outcomes are written back
     full: bool  # the read took as many rows as it could, or the byte budget cut it: rows may be waiting
@@ -60,34 +58,6 @@ class InFlight:
     claimed_at: float = 0.0
     claim_seconds: float = 0.0
     spans: list[Any] | None = None  # one publish span per message sent, when tracing is on
-    transactions: TransactionRound | None = None  # exactly-once: the batch's plan and Kafka transactions
-
-
-@dataclass
-class GroupTransaction:
-    """Exactly-once: one group's open Kafka transaction in a batch, with the rows whose messages it holds."""
-
-    group: int
-    open: OpenTransaction
-    sent: list[int]  # indexes into the batch's rows, in the order of the transaction's messages
-
-
-@dataclass
-class TransactionRound:
-    """Exactly-once: a batch's plan and a transaction for each of its groups that sends a row (a group
-    that sends none is settled by the database alone). A lane's page spans all its groups, so that they
-    wait for their acks and commits together instead of one after another."""
-
-    plan: Plan
-    groups: list[GroupTransaction]
-    sent_before: list[int]  # the rows prepared to be sent, before the plan kept those it sends
-
-    def acks(self, sent: list[int]) -> list[Ack | None]:
-        """Each sent row's ack, in the order of `sent` (for the publish spans, after the waits)."""
-        by_row: dict[int, Ack | None] = {}
-        for group in self.groups:
-            by_row.update(zip(group.sent, group.open.sending.acks(), strict=True))
-        return [by_row.get(index) for index in sent]
 
 
 @dataclass

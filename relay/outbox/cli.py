@@ -98,9 +98,11 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
         )
     except Exception as exc:  # noqa: BLE001  (librdkafka rejects bad properties here; name them)
         parser.error(f"kafka-config: {exc}")
-    transactions = None
+    delivery = None  # at least once, through `publisher`
     if settings.exactly_once:
+        from postbox.relay.outbox.exactly_once.delivery import ExactlyOnce  # noqa: PLC0415
         from postbox.relay.outbox.exactly_once.transactions import Transactions  # noqa: PLC0415
+        from postbox.relay.outbox.sources.queue import Claimer  # noqa: PLC0415
 
         transactions = Transactions(
             settings.transactional_config(),
@@ -110,7 +112,8 @@ def _cmd_run(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentP
             # the leases time to be renewed.
             timeout=min(10.0, settings.lease_ttl / 3),
         )
-    relay = Relay(settings, publisher, metrics, connect_db, tracing, transactions)
+        delivery = ExactlyOnce(transactions, Claimer.of(settings), settings.transactional_prefix)
+    relay = Relay(settings, publisher, metrics, connect_db, tracing, delivery)
     relay.install_signal_handlers()
     log.info("relay_ops_listening", address=settings.metrics_address)
     with tracing, serving(settings.metrics_address, registry, relay.healthy, relay.ready):

@@ -13,7 +13,9 @@ What a crash at each step leaves behind:
 
 This module is the loop: connections, the lease turn, lanes, and a batch's begin and finish. It knows no
 mode: where a batch's rows come from, and how their outcomes are written back, is its BatchSource's
-(sources/: the queue or the log; following the outbox's mode swaps the source). Beside it: batch.py
+(sources/: the queue or the log; following the outbox's mode swaps the source). Nor does it know its
+delivery guarantee: how a batch reaches Kafka, and whether its outcome may then be written, is
+delivery.py's (at least once; exactly_once/delivery.py with --exactly-once). Beside it: batch.py
 prepares a page into messages, batch_report.py reports a finished batch, topic_gate.py keeps the topics
 held back, relay_id.py the one-live-replica-per-id lock, leases.py the shard leases, housekeeping.py
 the gauges and upkeep on a thread of their own.
@@ -25,52 +27,34 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import replace
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
-from confluent_kafka import KafkaException
 from psycopg.types.string import TextLoader
 
 from postbox.relay.core.backoff import backoff_delay
 from postbox.relay.core.daemon import Daemon
-from postbox.relay.core.db import advisory_key, describe_error, transient_database_error
+from postbox.relay.core.db import describe_error, transient_database_error
 from postbox.relay.core.sql import query
 from postbox.relay.core.tracing import TRACING_OFF, Tracing
 from postbox.relay.outbox import admin
-from postbox.relay.outbox.batch import GroupTransaction, InFlight, Prepared, Preparer, TransactionRound
+from postbox.relay.outbox.batch import InFlight, Preparer
 from postbox.relay.outbox.batch_report import report_batch
+from postbox.relay.outbox.delivery import AtLeastOnce, DeliveryGuarantee, LeaseTurn, Rollback
 from postbox.relay.outbox.errors import Disposition
-from postbox.relay.outbox.exactly_once.groups import (
-    GROUP_SHARDS,
-    group_of,
-    groups_in,
-    shards_of,
-    split_groups,
-    whole_groups,
-)
-from postbox.relay.outbox.exactly_once.settlement import Settlement, plan
-from postbox.relay.outbox.exactly_once.transactions import (
-    Ending,
-    GroupNotReady,
-    Transactions,
-)
-from postbox.relay.outbox.exactly_once.write_back import ForeignSettlement, outbox_identity, write_back
 from postbox.relay.outbox.held import HeldAggregates
 from postbox.relay.outbox.housekeeping import CENSUS_SECONDS, Housekeeping, Steps
 from postbox.relay.outbox.lane_turns import LaneTurns
 from postbox.relay.outbox.leases import LeaseKeeper
 from postbox.relay.outbox.metrics import RelayMetrics
-from postbox.relay.outbox.outcome import BatchOutcome, Delivery, RowState, decide
+from postbox.relay.outbox.outcome import Delivery
 from postbox.relay.outbox.publisher import Publisher
 from postbox.relay.outbox.relay_id import RelayIdInUse, lock_relay_id
 from postbox.relay.outbox.routing import TopicRoutes
 from postbox.relay.outbox.settings import RelaySettings
-from postbox.relay.outbox.shares import split_lanes
-from postbox.relay.outbox.sources.base import BatchSource, Page, ReadLimits, RelayConfigurationError
+from postbox.relay.outbox.sources.base import BatchSource, ReadLimits, RelayConfigurationError
 from postbox.relay.outbox.sources.choice import make_source, mode_to_read
 from postbox.relay.outbox.sources.queue import Claimer
 from postbox.relay.outbox.topic_gate import TopicGate
@@ -81,7 +65,6 @@ if TYPE_CHECKING:
 QUERIES = Path(__file__).with_name("queries.sql")
 NOTIFY_CHANNEL = "postbox_outbox"
 log = structlog.get_logger("postbox.relay")
-_ID, _AGGREGATE_ID = attrgetter("id"), attrgetter("aggregate_id")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -98,10 +81,11 @@ class Relay:
         metrics: RelayMetrics,
         connect: Callable[[bool], Connection],
         tracing: Tracing = TRACING_OFF,
-        transactions: Transactions | None = None,
+        delivery: DeliveryGuarantee | None = None,
     ) -> None:
-        """transactions: with --exactly-once, the groups' transactional producers (each batch is then one
-        Kafka transaction of one group's shards, and `publisher` only answers about topics and brokers)."""
+        """delivery: how batches reach Kafka (delivery.py; by default at least once, through `publisher`;
+        with --exactly-once, Kafka transactions, `publisher` then only answering about topics and
+        brokers)."""
         self.settings = settings
         self.publisher = publisher
         self.metrics = metrics
@@ -114,11 +98,7 @@ class Relay:
         self._held = HeldAggregates()  # aggregates waiting for a blocked topic (pages read past)
         self._held_shards: frozenset[int] | None = None  # the shards owned when it was last loaded
         self._next_held_reload = 0.0
-        self._claimer = Claimer(
-            settings.relay_id,
-            advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF,
-            settings.delete_on_publish,
-        )
+        self._claimer = Claimer.of(settings)
         # Chosen at each connect and lease tick (_check_mode): --mode, or with auto the outbox's mode.
         self._source: BatchSource | None = None
         self._housekeeping: Housekeeping | None = None  # gauges, census, partitions, pruning: own thread
@@ -128,14 +108,7 @@ class Relay:
         self._listen_conn: Connection | None = None
         self.leases: LeaseKeeper | None = None
         self._failed_batches = 0
-        self._transactions = transactions
-        self._outbox_identity = ""  # exactly-once: read at each connect (see Settlement.outbox)
-        # Exactly-once: when each group last had a batch (a lane serves its groups in turn), and the fates
-        # an aborted transaction learned for its rows (a message the broker refused for good), by row id,
-        # for the next attempt at them to park them instead of sending them.
-        self._learned: dict[int, Delivery] = {}
-        self._suspects: set[int] = set()  # refused together with others: each is tried alone (see plan)
-        self._learning = threading.Lock()  # the lanes' threads share both
+        self._delivery = delivery if delivery is not None else AtLeastOnce(publisher)
         self._woke_at = 0.0  # wall clock: when the last wait ended (a NOTIFY, the poll interval, a stop)
         self._waiting_for_id: str | None = None  # why we wait: another replica holds our relay id
         self._broker_trouble: tuple[float, str] | None = None  # as last seen by the main loop
@@ -231,9 +204,7 @@ class Relay:
         lock_relay_id(self._lease_conn, self.settings.schema, self.settings.relay_id, self.settings.lease_ttl)
         self._waiting_for_id = None
         self._check_mode(self._lease_conn)
-        if self._transactions is not None:
-            self._outbox_identity = outbox_identity(self._lease_conn)
-            self._transactions.bind(self.settings.transactional_prefix(self._outbox_identity))
+        self._delivery.connected(self._lease_conn)
         if self.settings.delete_on_publish:
             allowed = self._lease_conn.execute(query(QUERIES, "may_delete")).fetchone()
             if not (allowed and allowed[0]):
@@ -256,7 +227,7 @@ class Relay:
             self._lease_conn,
             self.settings.relay_id,
             self.settings.lease_ttl,
-            group_shards=1 if self._transactions is None else GROUP_SHARDS,
+            group_shards=self._delivery.lease_group,
         )
         self._housekeeping = Housekeeping(
             self._connect,
@@ -278,11 +249,7 @@ class Relay:
         idle relay, or one cut off from the database, finds it here."""
         current = self._source
         mode, reason = mode_to_read(conn, self.settings.mode, current.name if current is not None else None)
-        if self._transactions is not None and mode != "log":
-            raise RelayConfigurationError(
-                "--exactly-once needs log mode, and the outbox is in queue mode (postbox relay switch-mode "
-                "log; a queue-mode relay marks each row after its ack, which no Kafka transaction includes)"
-            )
+        self._delivery.check_mode(mode)
         if current is not None and current.name == mode:
             return
         if current is not None and self._lease_conn is not None:
@@ -298,35 +265,6 @@ class Relay:
         # Once at the start (reason "--mode" when pinned), and at every change of modes under --mode auto.
         log.info("relay_mode_followed", mode=mode, batch_size=self._source.rows_per_batch, reason=reason)
 
-    def _sync_groups(self, transactions: Transactions, owned: frozenset[int]) -> None:
-        """Exactly-once, at a lease turn (no batch in flight): open the producers of the groups now owned
-        whole, each after its last settlement is read back and written where the database lacks it; close
-        those of groups given up. The cursor topic is made first, once."""
-        try:
-            transactions.ensure_cursor_topic()
-        except (KafkaException, GroupNotReady) as exc:
-            log.warning("relay_cursor_topic_unavailable", topic=transactions.cursor_topic, error=str(exc))
-            return
-        except ValueError as exc:
-            raise RelayConfigurationError(str(exc)) from None
-        assert self.leases is not None
-        lease_conn = self._lease_conn
-        assert lease_conn is not None
-        # A group with a shard whose lease lapsed since the last tick may have been another's meanwhile,
-        # or have a settlement its database commit lost (a fenced mark): opened again, read back, even when
-        # the tick took it straight back.
-        for group in groups_in(self.leases.lost):
-            transactions.drop(group)
-
-        def settle(settlement: Settlement) -> bool:
-            with self._lease_lock:
-                return write_back(lease_conn, self._claimer, settlement)
-
-        try:
-            transactions.sync(whole_groups(owned), settle, self._keep_leases)
-        except ForeignSettlement as exc:
-            raise RelayConfigurationError(str(exc)) from None
-
     def _tick_conn(self) -> Connection:
         assert self._lease_conn is not None
         return self._lease_conn
@@ -339,10 +277,7 @@ class Relay:
 
     def _disconnect(self) -> None:
         self.connected = False
-        if self._transactions is not None:
-            # A batch's Kafka transaction may have committed without its database commit: every group is
-            # read back before it publishes again.
-            self._transactions.drop_all()
+        self._delivery.disconnected()
         if self._housekeeping is not None:
             self._housekeeping.stop()
             self._housekeeping = None
@@ -358,8 +293,7 @@ class Relay:
             self._lane_pool.shutdown(wait=True)  # drain() returned: no lane has a batch in flight
             self._lane_pool = None
         self.publisher.close(self.settings.delivery_timeout)
-        if self._transactions is not None:
-            self._transactions.close()
+        self._delivery.close()
         if self.leases is not None:
             try:
                 if self._source is not None and self._lease_conn is not None:
@@ -403,8 +337,10 @@ class Relay:
             yield "blocked topics: " + ", ".join(f"{t} ({r})" for t, r in blocked.items())
         if self.leases is None or not self.leases.owned:
             yield "owns no shard yet"
-        elif self._transactions is not None and not self._transactions.ready:
-            yield "exactly-once: no group of shards open yet (init_transactions and read-back pending)"
+        else:
+            problem = self._delivery.not_ready()
+            if problem is not None:
+                yield problem
 
     # -- one turn of the loop --------------------------------------------------------------------------
 
@@ -422,9 +358,12 @@ class Relay:
             assert self._lease_conn is not None
             self._check_mode(self._lease_conn)
             steps.done("check_mode")
-            if self._transactions is not None:
-                self._sync_groups(self._transactions, owned)
-                steps.done("groups")
+            self._delivery.lease_turn(
+                LeaseTurn(
+                    self._lease_conn, self._lease_lock, frozenset(owned), self.leases.lost, self._keep_leases
+                )
+            )
+            steps.done("delivery")
             self._refresh_held(frozenset(owned))
             steps.done("held")
             log.debug("relay_lease_turn", began_at=steps.began_at, ms=steps.ms)
@@ -447,11 +386,7 @@ class Relay:
         begun is finished before returning: leases change only with nothing in flight. True when some
         lane's last batch was full (rows may be waiting)."""
         assert self.leases is not None
-        if self._transactions is None:
-            dealt = split_lanes(sorted(self.leases.owned), len(self._batch_conns))
-        else:  # a group's shards stay in one lane: its producer has one transaction at a time
-            ready = sorted(g for g in self._transactions.ready if g in whole_groups(self.leases.owned))
-            dealt = split_groups(ready, len(self._batch_conns))
+        dealt = self._delivery.lanes(self.leases.owned, len(self._batch_conns))
         lanes = list(zip(self._batch_conns, dealt, strict=False))
         self._lane_failed.clear()
         turns = LaneTurns(len(lanes))
@@ -514,16 +449,11 @@ class Relay:
 
     def _begin(self, conn: Connection, lane: list[int]) -> InFlight | None:
         """Read the lane's next page (opening the batch's transaction) and hand its messages to the
-        producer; None, with the transaction closed, when there is nothing to do. Exactly-once: the page
-        of the lane's groups still ready (one dropped mid-drain, fenced or failed, is opened at the tick),
-        each group's rows in a transaction of its own."""
-        if self._transactions is None:
-            return self._read_batch(conn, lane, exactly_once=False)
-        ready = self._transactions.ready
-        shards = [s for g in groups_in(lane) if g in ready for s in shards_of(g)]
-        return self._read_batch(conn, shards, exactly_once=True) if shards else None
+        producer; None, with the transaction closed, when there is nothing to do."""
+        readable = self._delivery.readable(lane)
+        return self._read_batch(conn, readable) if readable else None
 
-    def _read_batch(self, conn: Connection, lane: list[int], *, exactly_once: bool) -> InFlight | None:
+    def _read_batch(self, conn: Connection, lane: list[int]) -> InFlight | None:
         assert self.leases is not None
         assert self._source is not None
         started = time.perf_counter()
@@ -547,26 +477,17 @@ class Relay:
         spans = None
         if self._preparer.spans is not None and prepared.messages:
             spans = self._preparer.start_spans(prepared)
-        transactions = None
-        if not exactly_once:
-            messages = prepared.messages
-            sending = self.publisher.send(messages, record_acks=spans is not None) if messages else None
-        else:
-            assert self._transactions is not None
-            transactions = self._begin_transactions(self._transactions, page, prepared)
-            if transactions is None:
-                # A group's producer could not begin (fenced by a newer owner, or failed): the others'
-                # transactions were aborted; the batch is read again once the group is opened again, at
-                # the lease tick.
-                conn.rollback()
-                self.leases.recheck_now()
-                return None
-            if spans is not None:  # the plan may send fewer rows than were prepared
-                planned = set(transactions.plan.send)
-                spans = [
-                    span for i, span in zip(transactions.sent_before, spans, strict=True) if i in planned
-                ]
-            sending = None
+        sent_before = prepared.sent
+        delivery = self._delivery.begin(page, prepared, record_acks=spans is not None)
+        if delivery is None:
+            # Nothing could be sent (exactly-once: a group's producer is fenced by a newer owner, or
+            # failed): the batch is read again after the lease tick.
+            conn.rollback()
+            self.leases.recheck_now()
+            return None
+        if spans is not None and prepared.sent is not sent_before:  # fewer rows sent than prepared
+            kept = set(prepared.sent)
+            spans = [span for i, span in zip(sent_before, spans, strict=True) if i in kept]
         return InFlight(
             conn,
             lane,
@@ -574,7 +495,7 @@ class Relay:
             prepared.topics,
             prepared.deliveries,
             prepared.sent,
-            sending,
+            delivery,
             started,
             page,
             claimed >= limits.rows or claimed > len(prepared.rows),
@@ -582,73 +503,17 @@ class Relay:
             claimed_at,
             claim_seconds,
             spans,
-            transactions,
         )
-
-    def _begin_transactions(
-        self, transactions: Transactions, page: Page, prepared: Prepared
-    ) -> TransactionRound | None:
-        """Exactly-once: plan the batch (which rows it sends, what it writes back), then begin a transaction
-        for each group that sends rows, with those rows' messages and the group's settlement; `prepared`
-        is trimmed to the rows sent. A group that sends nothing has no transaction: its rows are only
-        parked and its cursors moved, in the database alone (none of them reaches Kafka, so no crash can
-        leave Kafka ahead of it). None, with every transaction begun aborted, when a group's producer
-        cannot begin."""
-        rows = prepared.rows
-        ids = list(map(_ID, rows))
-        with self._learning:
-            learned = {i: self._learned[i] for i in ids if i in self._learned} if self._learned else None
-            suspects = frozenset(i for i in ids if i in self._suspects) if self._suspects else frozenset()
-        planned = plan(
-            ids,
-            list(map(_AGGREGATE_ID, rows)),
-            [r.shard for r in rows],
-            prepared.deliveries,
-            page.read_past,
-            learned,
-            suspects,
-        )
-        sent_before = prepared.sent
-        by_row = dict(zip(sent_before, prepared.messages, strict=True))
-        prepared.sent, prepared.messages = planned.send, [by_row[i] for i in planned.send]
-        sent_by_group: dict[int, list[int]] = {}
-        for index in planned.send:
-            sent_by_group.setdefault(group_of(rows[index].shard), []).append(index)
-        begun: list[GroupTransaction] = []
-        for group, sent in sorted(sent_by_group.items()):
-            settlement = replace(page.settlement(group, planned.outcome), outbox=self._outbox_identity)
-            opened = transactions.begin(group, [by_row[i] for i in sent], settlement)
-            if opened is None:
-                for other in begun:
-                    transactions.abort(other.open)
-                return None
-            begun.append(GroupTransaction(group, opened, sent))
-        return TransactionRound(planned, begun, sent_before)
-
-    def _wait_for_reports(self, batch: InFlight) -> None:
-        """Fill in the batch's deliveries from the producer's reports (exactly-once: every transaction's,
-        and each one's settlement)."""
-        if batch.sending is not None:
-            for index, report in zip(batch.sent, batch.sending.wait(self._keep_leases), strict=True):
-                batch.deliveries[index] = report
-        elif batch.transactions is not None:
-            assert self._transactions is not None
-            for group in batch.transactions.groups:
-                reports = self._transactions.wait(group.open, self._keep_leases)
-                for index, report in zip(group.sent, reports, strict=True):
-                    batch.deliveries[index] = report
 
     def _finish(self, batch: InFlight) -> None:
-        """Wait for the batch's delivery reports, mark its rows in its transaction, commit. Exactly-once:
-        commit the batch's Kafka transactions first (or abort them, and roll the database back)."""
+        """Wait for the batch's delivery reports, mark its rows in its transaction, commit; or roll it back
+        when its delivery guarantee says so (exactly-once: a Kafka transaction that did not commit)."""
         assert self.leases is not None
         deliveries = batch.deliveries
-        transactions = batch.transactions
-        self._wait_for_reports(batch)
+        batch.delivery.wait(deliveries, self._keep_leases)
         acked_at = time.time()
         final = [d if d is not None else Delivery(Disposition.RETRY, "not sent") for d in deliveries]
         rows = batch.rows
-        ids = list(map(_ID, rows))  # map with an attrgetter: about half a list comprehension's cost
         for index, delivery in enumerate(final):
             if delivery.disposition is Disposition.TOPIC_BLOCKED or (
                 delivery.disposition is Disposition.HOLD and delivery.held_for == batch.topics[index]
@@ -658,117 +523,28 @@ class Relay:
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
-        if transactions is None:
-            outcome = decide(ids, list(map(_AGGREGATE_ID, rows)), final)
-        else:
-            settled = self._end_transactions(batch, transactions, final)
-            if settled is None:
-                return
-            outcome = settled
+        outcome = batch.delivery.settle(rows, final)
+        if isinstance(outcome, Rollback):
+            batch.conn.rollback()
+            self.leases.recheck_now()  # exactly-once: the batch's groups are opened again at the tick
+            if outcome.back_off:
+                self._failed_batches += 1
+            return
         if batch.spans is not None and batch.sent:
             assert self._preparer.spans is not None
             sent = batch.sent
             states = [outcome.rows[i].state for i in sent]
-            if transactions is not None:
-                acks = transactions.acks(sent)
-            else:
-                assert batch.sending is not None  # rows were sent
-                acks = batch.sending.acks()
-            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, acks)
+            self._preparer.spans.end(batch.spans, [final[i] for i in sent], states, batch.delivery.acks())
         marked = batch.page.mark(batch.conn, outcome)
         batch.conn.commit()
         report_batch(self.metrics, batch, outcome, marked, acked_at)
         if marked < len(rows):
             # Our lease on some shard expired mid-batch: drain() ends (no further batch on the lost shards)
-            # and _turn ticks the leases again. Exactly-once: the batch's settlements are in Kafka and not
-            # in the database, so whoever opens their groups next (this relay too) reads them back first.
-            if transactions is not None and self._transactions is not None:
-                for group in transactions.groups:
-                    self._transactions.drop(group.group)
+            # and _turn ticks the leases again.
+            batch.delivery.mark_fenced()
             self.leases.recheck_now()
         # A batch where nothing got through (the broker is struggling) makes drain() back off.
         self._failed_batches = self._failed_batches + 1 if outcome.retried and not outcome.published else 0
-
-    def _end_transactions(
-        self, batch: InFlight, transactions: TransactionRound, final: list[Delivery]
-    ) -> BatchOutcome | None:
-        """Exactly-once: commit the batch's transactions when every message and settlement was delivered,
-        and return the planned outcome for the database to write. Otherwise abort them (nothing of them is
-        visible to read_committed consumers), roll the database back and return None: the batch is read
-        again, its rows refused for good (parked by the broker's word) parked by the plan, the others sent
-        again after a backoff. A commit that fails, or whose outcome is unknown, also rolls back: every
-        group of the batch is opened again, and its settlement read back (those committed before it
-        included), before it publishes again."""
-        assert self._transactions is not None
-        assert self.leases is not None
-        outcome = transactions.plan.outcome
-        if not transactions.groups:  # nothing sent: the database alone settles the batch
-            self._forget_settled(outcome)
-            return outcome
-        failed = [(i, final[i]) for i in batch.sent if final[i].disposition is not None]
-        settlements = [self._transactions.settlement_delivered(g.open) for g in transactions.groups]
-        if failed or any(d.disposition is not None for d in settlements):
-            self._abort(batch, transactions, failed, settlements)
-            return None
-        for index, group in enumerate(transactions.groups):
-            if self._transactions.commit(group.open) is not Ending.COMMITTED:
-                # Its producer was dropped (see Transactions.commit); so are the others', committed or not.
-                for other in transactions.groups[:index]:
-                    self._transactions.drop(other.group)
-                for other in transactions.groups[index + 1 :]:
-                    self._transactions.abort(other.open)
-                batch.conn.rollback()
-                self._failed_batches += 1
-                self.leases.recheck_now()  # the groups are opened again, and read back, at the tick
-                return None
-        self._forget_settled(outcome)
-        return outcome
-
-    def _forget_settled(self, outcome: BatchOutcome) -> None:
-        """Rows published or parked need no learned fate any more (a row requeued later is tried anew)."""
-        with self._learning:
-            if self._learned or self._suspects:
-                for row in outcome.rows:
-                    if row.state is not RowState.PENDING:
-                        self._learned.pop(row.row_id, None)
-                        self._suspects.discard(row.row_id)
-
-    def _abort(
-        self,
-        batch: InFlight,
-        transactions: TransactionRound,
-        failed: list[tuple[int, Delivery]],
-        settlements: list[Delivery],
-    ) -> None:
-        """Abort a batch's transactions, one of which a message or a settlement did not make, and roll the
-        database back; learn what the broker refused for good, for the next attempt's plan."""
-        assert self._transactions is not None
-        assert self.leases is not None
-        endings = {self._transactions.abort(g.open) for g in transactions.groups}
-        batch.conn.rollback()
-        rows = batch.rows
-        refused = [(index, d) for index, d in failed if d.disposition is Disposition.PARK]
-        with self._learning:
-            if len(refused) == 1 or len(batch.sent) == 1:  # the broker answered for this row alone
-                for index, delivery in refused:
-                    self._learned[rows[index].id] = delivery
-            else:  # it answers for a whole request: which of its rows is at fault is found one by one
-                self._suspects.update(rows[index].id for index, _ in refused)
-            if len(self._learned) + len(self._suspects) > 100_000:  # bounded: learned again if needed
-                self._learned.clear()
-                self._suspects.clear()
-        # The aborts dropped the groups' producers: they are opened again, and read back, at the tick.
-        self.leases.recheck_now()
-        reasons = {d.reason or "" for _, d in failed} | {d.reason for d in settlements if d.reason}
-        log.warning(
-            "relay_transaction_aborted",
-            groups=[g.group for g in transactions.groups],
-            failed=len(failed),
-            reasons=sorted(reasons)[:5],
-            ending=sorted(e.value for e in endings),
-        )
-        if not refused:
-            self._failed_batches += 1  # a broker that struggles: back off before the next batch
 
     def _check_topic(self, topic: str) -> Delivery | None:
         """The topic's verdict (None: it takes messages); the leases are renewed while it waits for the

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from postbox.relay.core.db import advisory_key
 from postbox.relay.core.sql import query
 from postbox.relay.outbox.exactly_once.groups import group_of
 from postbox.relay.outbox.exactly_once.settlement import Settlement
 from postbox.relay.outbox.outcome import BatchOutcome, RowOutcome, RowState
-from postbox.relay.outbox.settings import QUEUE_BATCH_ROWS
+from postbox.relay.outbox.settings import QUEUE_BATCH_ROWS, RelaySettings
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, ReadLimits, outbox_records
 
 QUERIES = Path(__file__).parent.parent / "queries.sql"
@@ -25,6 +26,12 @@ class Claimer:
     relay_id: str
     lock_space: int  # the advisory-lock space of the shards' claim locks (per schema)
     delete_on_publish: bool
+
+    @classmethod
+    def of(cls, settings: RelaySettings) -> Claimer:
+        """The relay's claimer, as its settings make it."""
+        lock_space = advisory_key("postbox.relay", settings.schema) & 0x7FFFFFFF
+        return cls(settings.relay_id, lock_space, settings.delete_on_publish)
 
     def claim(self, conn: Connection, lane: list[int], limits: ReadLimits) -> ClaimedPage | None:
         params = {**limits.params(), "shards": lane, "lock_space": self.lock_space}
