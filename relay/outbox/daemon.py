@@ -338,7 +338,7 @@ class Relay:
         if self.leases is None or not self.leases.owned:
             yield "owns no shard yet"
         else:
-            problem = self._delivery.not_ready()
+            problem = self._delivery.not_ready(self.leases.owned)
             if problem is not None:
                 yield problem
 

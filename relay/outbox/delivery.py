@@ -102,8 +102,8 @@ class DeliveryGuarantee(Protocol):
         after the next lease tick."""
         ...
 
-    def not_ready(self) -> str | None:
-        """Why the relay cannot publish yet, if it is this guarantee's doing."""
+    def not_ready(self, owned: Collection[int]) -> str | None:
+        """Why the relay cannot publish (all of) the shards it owns yet, if it is this guarantee's doing."""
         ...
 
     def disconnected(self) -> None:
@@ -142,7 +142,7 @@ class AtLeastOnce:
             self._publisher.send(messages, record_acks=record_acks) if messages else None, prepared.sent
         )
 
-    def not_ready(self) -> str | None:
+    def not_ready(self, owned: Collection[int]) -> str | None:
         return None
 
     def disconnected(self) -> None:

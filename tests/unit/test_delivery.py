@@ -93,7 +93,7 @@ def test_at_least_once_leases_shards_one_by_one_and_reads_every_shard_of_a_lane(
     assert delivery.readable([3, 5]) == [3, 5]
     delivery.check_mode("queue")
     delivery.check_mode("log")
-    assert delivery.not_ready() is None
+    assert delivery.not_ready(range(SHARD_COUNT)) is None
 
 
 def test_an_at_least_once_batch_with_nothing_to_send_settles_on_what_was_known() -> None:
@@ -113,8 +113,11 @@ def test_exactly_once_deals_only_whole_open_groups_and_never_splits_one() -> Non
     lanes = delivery.lanes(owned, 2)
     assert [sorted({s // 8 for s in lane}) for lane in lanes] == [[0, 3], [2]]
     assert delivery.readable(shards_of(1) + shards_of(2)) == shards_of(2)  # group 1 not open (dropped)
-    assert delivery.not_ready() is None
-    assert exactly_once(RecordedTransactions(ready=set())).not_ready() is not None
+    assert delivery.not_ready(owned) is None
+    waiting = delivery.not_ready(owned | set(shards_of(4)))
+    assert waiting is not None
+    assert "(4;" in waiting
+    assert exactly_once(RecordedTransactions(ready=set())).not_ready(set()) is not None
 
 
 def test_exactly_once_refuses_queue_mode() -> None:

@@ -159,9 +159,14 @@ class ExactlyOnce:
             begun.append(GroupTransaction(group, opened, sent))
         return TransactionRound(self, planned, begun)
 
-    def not_ready(self) -> str | None:
-        if not self.transactions.ready:
-            return "exactly-once: no group of shards open yet (init_transactions and read-back pending)"
+    def not_ready(self, owned: Collection[int]) -> str | None:
+        # Every group owned, not only one: a relay that reports ready while some of its groups are still
+        # opening holds their events back (a rollout would also stop the replica they came from too soon).
+        ready = self.transactions.ready
+        waiting = [g for g in whole_groups(owned) if g not in ready]
+        if waiting or not ready:
+            shown = ", ".join(map(str, waiting)) if waiting else "none owned whole"
+            return f"exactly-once: groups not open yet ({shown}; init_transactions and read-back pending)"
         return None
 
     def disconnected(self) -> None:
