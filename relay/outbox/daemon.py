@@ -523,7 +523,7 @@ class Relay:
                     batch.topics[index], delivery.reason or "", None if row.topic else row.aggregate_type
                 )
         self.metrics.blocked_topics.set(len(self._topics.reasons()))
-        outcome = batch.delivery.settle(rows, final)
+        outcome = batch.delivery.settle(rows, final, self._keep_leases)
         if isinstance(outcome, Rollback):
             batch.conn.rollback()
             self.leases.recheck_now()  # exactly-once: the batch's groups are opened again at the tick

@@ -64,8 +64,11 @@ class SentBatch(Protocol):
         spans, after `wait`)."""
         ...
 
-    def settle(self, rows: Sequence[OutboxRow], final: list[Delivery]) -> BatchOutcome | Rollback:
-        """The outcome to write in the database, each row's delivery known (`final`), or a rollback."""
+    def settle(
+        self, rows: Sequence[OutboxRow], final: list[Delivery], while_waiting: Callable[[], None]
+    ) -> BatchOutcome | Rollback:
+        """The outcome to write in the database, each row's delivery known (`final`), or a rollback;
+        `while_waiting` is called between the steps that wait on a broker."""
         ...
 
     def mark_fenced(self) -> None:
@@ -167,7 +170,9 @@ class Published:
     def acks(self) -> list[Ack | None]:
         return self.sending.acks() if self.sending is not None else []
 
-    def settle(self, rows: Sequence[OutboxRow], final: list[Delivery]) -> BatchOutcome:
+    def settle(
+        self, rows: Sequence[OutboxRow], final: list[Delivery], while_waiting: Callable[[], None]
+    ) -> BatchOutcome:
         # map with an attrgetter: about half a list comprehension's cost
         return decide(list(map(_ID, rows)), list(map(_AGGREGATE_ID, rows)), final)
 

@@ -48,6 +48,14 @@ class RecordedTransactions:
     def drop(self, group: int) -> None:
         self.calls.append(("drop", group))
 
+    def renew(self) -> None:
+        """The relay's lease renewal, called while the batch waits on the broker."""
+        self.calls.append(("renew", -1))
+
+
+def nothing() -> None:
+    pass
+
 
 def exactly_once(transactions: RecordedTransactions) -> ExactlyOnce:
     return ExactlyOnce(
@@ -82,6 +90,7 @@ def a_round(
     return TransactionRound(owner, planned, opened)
 
 
+RENEW = nothing
 ROWS = [row(1, 0), row(2, 9), row(3, 17), row(4, 1)]  # groups 0, 1, 2, 0
 
 
@@ -101,7 +110,7 @@ def test_an_at_least_once_batch_with_nothing_to_send_settles_on_what_was_known()
     deliveries: list[Delivery | None] = [REFUSED]
     batch.wait(deliveries, lambda: None)
     assert batch.acks() == []
-    outcome = batch.settle([row(1, 0)], [REFUSED])
+    outcome = batch.settle([row(1, 0)], [REFUSED], RENEW)
     assert isinstance(outcome, BatchOutcome)
     assert outcome.rows[0].state is RowState.FAILED
 
@@ -129,34 +138,44 @@ def test_exactly_once_refuses_queue_mode() -> None:
 
 def test_a_batch_of_several_groups_commits_each_and_writes_the_planned_outcome() -> None:
     transactions = RecordedTransactions(ready={0, 1, 2})
-    outcome = a_round(exactly_once(transactions), ROWS).settle(ROWS, [DELIVERED] * 4)
+    outcome = a_round(exactly_once(transactions), ROWS).settle(ROWS, [DELIVERED] * 4, transactions.renew)
     assert isinstance(outcome, BatchOutcome)
     assert outcome.published == 4
-    assert transactions.calls == [("commit", 0), ("commit", 1), ("commit", 2)]
+    assert transactions.calls == [("commit", 0), ("renew", -1), ("commit", 1), ("renew", -1), ("commit", 2)]
 
 
 def test_a_commit_that_fails_mid_batch_drops_the_groups_committed_before_and_aborts_the_rest() -> None:
     """The database is rolled back for the whole batch, so group 0's committed settlement must be read
-    back (its producer dropped) before it publishes again, and group 2's transaction must not commit."""
+    back (its producer dropped) before it publishes again, and group 2's transaction must not commit. The
+    leases are renewed between one wait on the broker and the next."""
     transactions = RecordedTransactions(ready={0, 1, 2}, endings={1: Ending.UNKNOWN})
-    settled = a_round(exactly_once(transactions), ROWS).settle(ROWS, [DELIVERED] * 4)
+    settled = a_round(exactly_once(transactions), ROWS).settle(ROWS, [DELIVERED] * 4, transactions.renew)
     assert settled == Rollback(back_off=True)
-    assert transactions.calls == [("commit", 0), ("commit", 1), ("drop", 0), ("abort", 2)]
+    assert transactions.calls == [
+        ("commit", 0),
+        ("renew", -1),
+        ("commit", 1),
+        ("drop", 0),
+        ("renew", -1),
+        ("abort", 2),
+    ]
 
 
 def test_a_message_refused_alone_aborts_every_group_and_is_parked_by_the_next_plan() -> None:
     transactions = RecordedTransactions(ready={0, 1, 2})
     owner = exactly_once(transactions)
-    settled = a_round(owner, ROWS).settle(ROWS, [DELIVERED, REFUSED, DELIVERED, DELIVERED])
+    settled = a_round(owner, ROWS).settle(
+        ROWS, [DELIVERED, REFUSED, DELIVERED, DELIVERED], transactions.renew
+    )
     assert settled == Rollback(back_off=False)  # the broker answered: no reason to wait
-    assert transactions.calls == [("abort", 0), ("abort", 1), ("abort", 2)]
+    assert transactions.calls == [("abort", 0), ("renew", -1), ("abort", 1), ("renew", -1), ("abort", 2)]
     assert owner._learned == {2: REFUSED}
     assert owner._suspects == set()
 
 
 def test_messages_refused_together_are_suspects_each_tried_alone() -> None:
     owner = exactly_once(RecordedTransactions(ready={0, 1, 2}))
-    settled = a_round(owner, ROWS).settle(ROWS, [REFUSED, REFUSED, DELIVERED, DELIVERED])
+    settled = a_round(owner, ROWS).settle(ROWS, [REFUSED, REFUSED, DELIVERED, DELIVERED], RENEW)
     assert settled == Rollback(back_off=False)
     assert owner._suspects == {1, 2}
 
@@ -164,12 +183,12 @@ def test_messages_refused_together_are_suspects_each_tried_alone() -> None:
 def test_a_message_or_a_settlement_not_delivered_aborts_every_group_and_backs_off() -> None:
     transactions = RecordedTransactions(ready={0, 1, 2})
     settled = a_round(exactly_once(transactions), ROWS).settle(
-        ROWS, [DELIVERED, DELIVERED, TIMED_OUT, DELIVERED]
+        ROWS, [DELIVERED, DELIVERED, TIMED_OUT, DELIVERED], RENEW
     )
     assert settled == Rollback(back_off=True)
     assert [c for c, _ in transactions.calls] == ["abort"] * 3
     transactions = RecordedTransactions(ready={0, 1, 2})
-    settled = a_round(exactly_once(transactions), ROWS, {1: TIMED_OUT}).settle(ROWS, [DELIVERED] * 4)
+    settled = a_round(exactly_once(transactions), ROWS, {1: TIMED_OUT}).settle(ROWS, [DELIVERED] * 4, RENEW)
     assert settled == Rollback(back_off=True)
     assert [c for c, _ in transactions.calls] == ["abort"] * 3
 
@@ -178,7 +197,7 @@ def test_a_settled_batch_forgets_what_its_rows_taught() -> None:
     owner = exactly_once(RecordedTransactions(ready={0, 1, 2}))
     owner.learn(ROWS, 1, [(0, REFUSED)])
     assert owner._learned == {1: REFUSED}
-    a_round(owner, ROWS).settle(ROWS, [DELIVERED] * 4)
+    a_round(owner, ROWS).settle(ROWS, [DELIVERED] * 4, RENEW)
     assert owner._learned == {}
 
 

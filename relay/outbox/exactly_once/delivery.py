@@ -151,10 +151,12 @@ class ExactlyOnce:
         begun: list[GroupTransaction] = []
         for group, sent in sorted(sent_by_group.items()):
             settlement = replace(page.settlement(group, planned.outcome), outbox=self.outbox_identity)
-            opened = self.transactions.begin(group, [by_row[i] for i in sent], settlement)
+            opened = self.transactions.begin(group, [by_row[i] for i in sent], settlement, record_acks)
             if opened is None:
+                # Dropped, not aborted: an abort waits on the broker (up to its timeout each, and no lease
+                # is renewed here); the groups' next opening aborts what they left open.
                 for other in begun:
-                    self.transactions.abort(other.open)
+                    self.transactions.drop(other.group)
                 return None
             begun.append(GroupTransaction(group, opened, sent))
         return TransactionRound(self, planned, begun)
@@ -232,37 +234,52 @@ class TransactionRound:
             by_row.update(zip(group.sent, group.open.sending.acks(), strict=True))
         return [by_row.get(index) for index in self.plan.send]
 
-    def settle(self, rows: Sequence[OutboxRow], final: list[Delivery]) -> BatchOutcome | Rollback:
+    def settle(
+        self, rows: Sequence[OutboxRow], final: list[Delivery], while_waiting: Callable[[], None]
+    ) -> BatchOutcome | Rollback:
         """Commit the transactions when every message and settlement was delivered, and return the planned
         outcome for the database to write. Otherwise abort them (nothing of them is visible to
         read_committed consumers) and roll back: the batch is read again, its rows refused for good
         (parked by the broker's word) parked by the plan, the others sent again after a backoff. A commit
         that fails, or whose outcome is unknown, also rolls back: every group of the batch is opened again,
-        and its settlement read back (those committed before it included), before it publishes again."""
+        and its settlement read back (those committed before it included), before it publishes again.
+        The leases are renewed between one group's commit or abort and the next (each may wait up to a
+        third of the lease on a struggling broker)."""
         transactions = self.owner.transactions
         outcome = self.plan.outcome
         failed = [(i, final[i]) for i in self.plan.send if final[i].disposition is not None]
         settlements = [transactions.settlement_delivered(g.open) for g in self.groups]
         if failed or any(d.disposition is not None for d in settlements):
-            return self._abort(rows, failed, settlements)
+            return self._abort(rows, failed, settlements, while_waiting)
         for index, group in enumerate(self.groups):
+            if index:
+                while_waiting()
             if transactions.commit(group.open) is not Ending.COMMITTED:
                 # Its producer was dropped (see Transactions.commit); so are the others', committed or not.
                 for other in self.groups[:index]:
                     transactions.drop(other.group)
                 for other in self.groups[index + 1 :]:
+                    while_waiting()
                     transactions.abort(other.open)
                 return Rollback(back_off=True)
         self.owner.forget(outcome)
         return outcome
 
     def _abort(
-        self, rows: Sequence[OutboxRow], failed: list[tuple[int, Delivery]], settlements: list[Delivery]
+        self,
+        rows: Sequence[OutboxRow],
+        failed: list[tuple[int, Delivery]],
+        settlements: list[Delivery],
+        while_waiting: Callable[[], None],
     ) -> Rollback:
         """Abort the transactions, one of which a message or a settlement did not make (the aborts drop
         the groups' producers: they are opened again, and read back, at the tick); learn what the broker
         refused for good, for the next attempt's plan."""
-        endings = {self.owner.transactions.abort(g.open) for g in self.groups}
+        endings = set()
+        for index, group in enumerate(self.groups):
+            if index:
+                while_waiting()
+            endings.add(self.owner.transactions.abort(group.open))
         refused = [(index, d) for index, d in failed if d.disposition is Disposition.PARK]
         self.owner.learn(rows, len(self.plan.send), refused)
         reasons = {d.reason or "" for _, d in failed} | {d.reason for d in settlements if d.reason}

@@ -308,7 +308,7 @@ class Transactions:
     # -- a batch's transaction --------------------------------------------------------------------------
 
     def begin(
-        self, group: int, messages: Sequence[Message], settlement: Settlement
+        self, group: int, messages: Sequence[Message], settlement: Settlement, record_acks: bool = False
     ) -> OpenTransaction | None:
         """Begin the group's transaction and produce the batch's messages and its settlement; None, with the
         group dropped (opened again at the next lease tick), when its producer cannot begin one (fenced by
@@ -318,7 +318,7 @@ class Transactions:
             producer.begin_transaction()
             began = time.monotonic()
             self._open[group] = began
-            sending = send_all(producer, messages, self._delivery_timeout, _nothing)
+            sending = send_all(producer, messages, self._delivery_timeout, _nothing, record_acks)
         except KafkaException as exc:
             log.warning("relay_transaction_not_begun", group=group, error=exc.args[0].str())
             self.drop(group)
