@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from postbox.relay.outbox.routing import OutboxRow
     from postbox.relay.outbox.sources.base import Page
 
-_ID, _AGGREGATE_ID = attrgetter("id"), attrgetter("aggregate_id")
+# map with an attrgetter: about half a list comprehension's cost per row
+ROW_ID, ROW_AGGREGATE_ID = attrgetter("id"), attrgetter("aggregate_id")
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,7 @@ class Published:
     def settle(
         self, rows: Sequence[OutboxRow], final: list[Delivery], while_waiting: Callable[[], None]
     ) -> BatchOutcome:
-        # map with an attrgetter: about half a list comprehension's cost
-        return decide(list(map(_ID, rows)), list(map(_AGGREGATE_ID, rows)), final)
+        return decide(list(map(ROW_ID, rows)), list(map(ROW_AGGREGATE_ID, rows)), final)
 
     def mark_fenced(self) -> None:
         pass  # the rows not marked are still pending: the shard's next owner sends them again

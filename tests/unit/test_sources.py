@@ -115,16 +115,19 @@ def test_a_page_across_groups_gives_each_group_only_its_own_shards_settlement() 
     assert isinstance(log_source, LogSource)
     cursors = [Cursor(5, 1, 2), Cursor(9, 1, 2), Cursor(10, 1, 2)]
     window = WindowPage(rows, LogPage(cursors, complete=True, stored=cursors), log_source._reader)
-    first, second = window.settlement(0, outcome), window.settlement(1, outcome)
+    settlements = window.settlements([0, 1, 2], outcome)
+    first, second = settlements[0], settlements[1]
+    assert (first.group, second.group) == (0, 1)
     assert [m.shard for m in first.moves] == [5]
     assert first.parked == ()
     assert [m.shard for m in second.moves] == [9, 10]
     assert [(o.row_id, o.state) for o in second.parked] == [(12, RowState.FAILED)]
-    assert window.settlement(2, outcome).moves == ()
+    assert settlements[2].moves == ()
+    assert window.settlements([1], outcome).keys() == {1}  # only the groups asked for
 
-    claimed = ClaimedPage(rows, CLAIMER)
-    assert [o.row_id for o in claimed.settlement(0, outcome).marked] == [11]
-    assert [o.row_id for o in claimed.settlement(1, outcome).marked] == [12, 13]
+    claimed = ClaimedPage(rows, CLAIMER).settlements([0, 1], outcome)
+    assert [o.row_id for o in claimed[0].marked] == [11]
+    assert [o.row_id for o in claimed[1].marked] == [12, 13]
 
 
 def test_every_module_that_names_a_sql_file_finds_it() -> None:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import structlog
 from confluent_kafka import KafkaException
 
-from postbox.relay.outbox.delivery import LeaseTurn, Rollback
+from postbox.relay.outbox.delivery import ROW_AGGREGATE_ID, ROW_ID, LeaseTurn, Rollback
 from postbox.relay.outbox.errors import Disposition
 from postbox.relay.outbox.exactly_once.groups import (
     GROUP_SHARDS,
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
     from postbox.relay.outbox.sources.base import Page
 
 log = structlog.get_logger("postbox.relay")
-_ID, _AGGREGATE_ID = attrgetter("id"), attrgetter("aggregate_id")
 LEARNED_LIMIT = 100_000  # fates kept by row id at most: past it they are forgotten (learned again if need be)
 
 
@@ -127,16 +125,16 @@ class ExactlyOnce:
         group that sends rows, with those rows' messages and the group's settlement; `prepared` is trimmed
         to the rows sent. A group that sends nothing has no transaction: its rows are only parked and its
         cursors moved, in the database alone (none of them reaches Kafka, so no crash can leave Kafka ahead
-        of it). None, with every transaction begun aborted, when a group's producer cannot begin (fenced
-        by a newer owner, or failed; it is opened again at the tick)."""
+        of it). None, with every group that began dropped, when a group's producer cannot begin (fenced by
+        a newer owner, or failed; it is opened again at the tick)."""
         rows = prepared.rows
-        ids = list(map(_ID, rows))
+        ids = list(map(ROW_ID, rows))
         with self._learning:
             learned = {i: self._learned[i] for i in ids if i in self._learned} if self._learned else None
             suspects = frozenset(i for i in ids if i in self._suspects) if self._suspects else frozenset()
         planned = plan(
             ids,
-            list(map(_AGGREGATE_ID, rows)),
+            list(map(ROW_AGGREGATE_ID, rows)),
             [r.shard for r in rows],
             prepared.deliveries,
             page.read_past,
@@ -148,9 +146,10 @@ class ExactlyOnce:
         sent_by_group: dict[int, list[int]] = {}
         for index in planned.send:
             sent_by_group.setdefault(group_of(rows[index].shard), []).append(index)
+        settlements = page.settlements(sent_by_group.keys(), planned.outcome)
         begun: list[GroupTransaction] = []
         for group, sent in sorted(sent_by_group.items()):
-            settlement = replace(page.settlement(group, planned.outcome), outbox=self.outbox_identity)
+            settlement = replace(settlements[group], outbox=self.outbox_identity)
             opened = self.transactions.begin(group, [by_row[i] for i in sent], settlement, record_acks)
             if opened is None:
                 # Dropped, not aborted: an abort waits on the broker (up to its timeout each, and no lease

@@ -8,7 +8,7 @@ on every read (outbox_records), so neither can drift from the other or from the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -111,9 +111,9 @@ class Page(Protocol):
         leases; the rows whose shard was still ours."""
         ...
 
-    def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
-        """What mark() would write for `outcome` in the shards of `group`, as an exactly-once batch's
-        transaction for that group carries it (a page may span several groups: each carries its own)."""
+    def settlements(self, groups: Collection[int], outcome: BatchOutcome) -> dict[int, Settlement]:
+        """What mark() would write for `outcome`, split by group of shards, for each of `groups`: what an
+        exactly-once batch's transaction for that group carries (a page may span several groups)."""
         ...
 
 

@@ -6,16 +6,17 @@ SQL orders a shard's pending and logged rows by the last switch of modes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from postbox.relay.outbox import admin
 from postbox.relay.outbox.exactly_once.groups import group_of
 from postbox.relay.outbox.exactly_once.settlement import Settlement
 from postbox.relay.outbox.metrics import RelayMetrics
-from postbox.relay.outbox.outcome import BatchOutcome, RowState
+from postbox.relay.outbox.outcome import BatchOutcome, RowOutcome, RowState
 from postbox.relay.outbox.settings import LOG_BATCH_ROWS
 from postbox.relay.outbox.sources.base import Connection, OutboxRecord, Page, ReadLimits
+from postbox.relay.outbox.sources.log_cursors import CursorMove
 from postbox.relay.outbox.sources.log_reader import LogPage, LogReader, prune_ticks
 from postbox.relay.outbox.sources.queue import Claimer
 
@@ -41,22 +42,20 @@ class WindowPage:
         shards = [r.shard for r in self.records]
         return self.reader.finish(conn, self.window, ids, shards, outcome)
 
-    def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
+    def settlements(self, groups: Collection[int], outcome: BatchOutcome) -> dict[int, Settlement]:
         ids = [r.id for r in self.records]
         shards = [r.shard for r in self.records]
-        moves = [
-            m for m in self.reader.moves(self.window, ids, shards, outcome) if group_of(m.shard) == group
-        ]
-        parked = (
-            tuple(
-                o
-                for o, shard in zip(outcome.rows, shards, strict=True)
-                if o.state is RowState.FAILED and group_of(shard) == group
-            )
-            if outcome.failed
-            else ()
-        )
-        return Settlement(group, self.reader.relay_id, moves=tuple(moves), parked=parked)
+        moves: dict[int, list[CursorMove]] = {g: [] for g in groups}
+        for move in self.reader.moves(self.window, ids, shards, outcome):
+            if (group := group_of(move.shard)) in moves:
+                moves[group].append(move)
+        parked: dict[int, list[RowOutcome]] = {g: [] for g in groups}
+        if outcome.failed:
+            for row, shard in zip(outcome.rows, shards, strict=True):
+                if row.state is RowState.FAILED and (group := group_of(shard)) in parked:
+                    parked[group].append(row)
+        relay_id = self.reader.relay_id
+        return {g: Settlement(g, relay_id, moves=tuple(moves[g]), parked=tuple(parked[g])) for g in groups}
 
 
 class LogSource:

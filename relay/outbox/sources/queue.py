@@ -4,7 +4,7 @@ rows that are pending in a log-mode outbox (from before a switch, or requeued)."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +71,12 @@ class ClaimedPage:
     def mark(self, conn: Connection, outcome: BatchOutcome) -> int:
         return self.claimer.mark(conn, outcome)
 
-    def settlement(self, group: int, outcome: BatchOutcome) -> Settlement:
-        marked = tuple(
-            o
-            for o, record in zip(outcome.rows, self.records, strict=True)
-            if o.state is not RowState.PENDING and group_of(record.shard) == group
-        )
-        return Settlement(group, self.claimer.relay_id, marked=marked)
+    def settlements(self, groups: Collection[int], outcome: BatchOutcome) -> dict[int, Settlement]:
+        marked: dict[int, list[RowOutcome]] = {g: [] for g in groups}
+        for row, record in zip(outcome.rows, self.records, strict=True):
+            if row.state is not RowState.PENDING and (group := group_of(record.shard)) in marked:
+                marked[group].append(row)
+        return {g: Settlement(g, self.claimer.relay_id, marked=tuple(marked[g])) for g in groups}
 
 
 class QueueSource:
